@@ -1,0 +1,239 @@
+"""Model configuration: one typed, keyword-only dataclass and the named presets.
+
+`ModelConfig` describes every model Clover can build: a block-diffusion MoE dLLM (`block`), its
+autoregressive twin (`causal`) and LLaDA/Dream-shaped bidirectional models (`full`). It validates
+itself (`ValueError` naming the field) and round-trips through `config.json`. Nothing here imports
+torch, so the CLI can describe a 35B model without touching the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ATTENTION_MODES = ("causal", "block", "full")
+ROUTERS = ("softmax", "sigmoid")
+
+# Special-token ids shared by Clover's own tokenizer and its presets (see clover/tokenizer.py).
+PAD_ID, EOS_ID, MASK_ID = 0, 1, 2
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Shape and behaviour of one model. Counts use the `num_` prefix; dims are per layer."""
+
+    name: str = "custom"
+    vocab_size: int
+    dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 means dim // num_heads
+    rope_theta: float = 10000.0
+    partial_rotary: float = 1.0  # fraction of head_dim that gets RoPE (LLaDA2.x uses 0.5)
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
+    ffn_dim: int  # hidden size of dense SwiGLU layers
+    num_dense_layers: int = 0  # leading dense layers before the MoE layers
+    num_experts: int = 0  # 0: every layer is dense
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    expert_ffn_dim: int = 0
+    router: str = "softmax"  # softmax top-k, or sigmoid scores + expert bias (LLaDA2.x/DeepSeek-V3)
+    router_renorm: bool = True  # renormalise the top-k weights to sum to 1
+    routed_scaling: float = 1.0
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    attention: str = "block"
+    block_size: int = 32
+    max_seq_len: int = 4096
+    pad_id: int = PAD_ID
+    eos_id: int = EOS_ID
+    mask_id: int = MASK_ID
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            self.head_dim = self.dim // max(self.num_heads, 1)
+        for field in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                      "ffn_dim", "block_size", "max_seq_len"):
+            _require(getattr(self, field) > 0, field, "must be > 0")
+        _require(self.attention in ATTENTION_MODES, "attention", f"must be one of {ATTENTION_MODES}")
+        _require(self.router in ROUTERS, "router", f"must be one of {ROUTERS}")
+        _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+                 f"must divide num_heads={self.num_heads}")
+        _require(0.0 < self.partial_rotary <= 1.0, "partial_rotary", "must be in (0, 1]")
+        _require(self.rotary_dim % 2 == 0, "partial_rotary",
+                 f"gives an odd rotary dim {self.rotary_dim}; it must be even")
+        _require(self.rope_theta > 0, "rope_theta", "must be > 0")
+        _require(self.norm_eps > 0, "norm_eps", "must be > 0")
+        _require(self.routed_scaling > 0, "routed_scaling", "must be > 0")
+        self._validate_moe()
+        self._validate_token_ids()
+        if self.attention == "causal" and self.block_size != 1:
+            raise ValueError(f"block_size: causal models decode one token per block, so it must be 1 "
+                             f"(got {self.block_size})")
+
+    def _validate_moe(self) -> None:
+        _require(self.num_experts >= 0, "num_experts", "must be >= 0")
+        _require(0 <= self.num_dense_layers <= self.num_layers, "num_dense_layers",
+                 f"must be in [0, num_layers={self.num_layers}]")
+        if self.num_experts == 0:
+            return
+        _require(1 <= self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
+                 f"must be in [1, num_experts={self.num_experts}]")
+        _require(self.expert_ffn_dim > 0, "expert_ffn_dim", "must be > 0 when num_experts > 0")
+        _require(self.num_shared_experts >= 0, "num_shared_experts", "must be >= 0")
+
+    def _validate_token_ids(self) -> None:
+        for field in ("pad_id", "eos_id", "mask_id"):
+            value = getattr(self, field)
+            _require(0 <= value < self.vocab_size, field,
+                     f"must be a token id in [0, vocab_size={self.vocab_size})")
+        _require(self.mask_id not in (self.eos_id, self.pad_id), "mask_id",
+                 "must differ from eos_id and pad_id")
+
+    # ---- derived shapes -------------------------------------------------------------------------
+    @property
+    def rotary_dim(self) -> int:
+        return int(round(self.head_dim * self.partial_rotary))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_is_moe(self, layer: int) -> bool:
+        return self.is_moe and layer >= self.num_dense_layers
+
+    @property
+    def decode_block_size(self) -> int:
+        """Tokens drafted per block when decoding: 1 for AR, `block_size` otherwise."""
+        return 1 if self.attention == "causal" else self.block_size
+
+    # ---- (de)serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"config has unknown fields {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _require(ok: bool, field: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"ModelConfig.{field} {why}")
+
+
+# ---- presets ------------------------------------------------------------------------------------
+# Clover's own models use Clover's tokenizer (pad 0, eos 1, mask 2). Public shapes keep their own
+# vocabularies and special ids, from the published config.json files, so importers can map onto them.
+
+def _tiny() -> ModelConfig:
+    """< 1M parameters, for tests: block-diffusion MoE with every feature switched on."""
+    return ModelConfig(name="tiny", vocab_size=512, dim=64, num_layers=2, num_heads=4,
+                       num_kv_heads=2, qk_norm=True, ffn_dim=128, num_dense_layers=1,
+                       num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+                       expert_ffn_dim=32, attention="block", block_size=4, max_seq_len=512)
+
+
+def _clover_tiny() -> ModelConfig:
+    """The shipped default: block-diffusion MoE, 8 experts top-2, ~8M total parameters."""
+    return ModelConfig(name="clover-tiny", vocab_size=2048, dim=256, num_layers=6, num_heads=8,
+                       num_kv_heads=4, qk_norm=True, ffn_dim=768, num_dense_layers=1,
+                       num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                       expert_ffn_dim=256, tie_embeddings=True, attention="block",
+                       block_size=32, max_seq_len=2048)
+
+
+def _clover_tiny_ar() -> ModelConfig:
+    """`clover-tiny` with causal attention: the AR baseline of the same architecture and size."""
+    return _clover_tiny().replace(name="clover-tiny-ar", attention="causal", block_size=1)
+
+
+def _clover_35b_a3b() -> ModelConfig:
+    """The seed model's published size (~35B total, ~3B active), in the LLaDA2.x / Qwen3-MoE style.
+
+    48 layers of dim 2048 (first one dense), 256 routed experts of width 640 with top-8 and one
+    shared expert, sigmoid router with expert bias, GQA 32/4 with head dim 128, QK-norm, half-rotary
+    RoPE and a 157k vocabulary.
+    """
+    return ModelConfig(name="clover-35b-a3b", vocab_size=157184, dim=2048, num_layers=48,
+                       num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=600000.0,
+                       partial_rotary=0.5, qk_norm=True, ffn_dim=5120, num_dense_layers=1,
+                       num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
+                       expert_ffn_dim=640, router="sigmoid", routed_scaling=2.5,
+                       attention="block", block_size=32, max_seq_len=32768,
+                       pad_id=156892, eos_id=156892, mask_id=156895)
+
+
+def _llada_8b() -> ModelConfig:
+    """GSAI-ML/LLaDA-8B: dense, bidirectional, LLaMA-style."""
+    return ModelConfig(name="llada-8b", vocab_size=126464, dim=4096, num_layers=32, num_heads=32,
+                       num_kv_heads=32, rope_theta=500000.0, norm_eps=1e-5, ffn_dim=12288,
+                       attention="full", block_size=32, max_seq_len=4096,
+                       pad_id=126081, eos_id=126081, mask_id=126336)
+
+
+def _llada_moe_7b_a1b() -> ModelConfig:
+    """inclusionAI/LLaDA-MoE-7B-A1B: 64 experts top-8, QK-norm, bidirectional."""
+    return ModelConfig(name="llada-moe-7b-a1b", vocab_size=157184, dim=2048, num_layers=16,
+                       num_heads=16, num_kv_heads=16, rope_theta=50000.0, qk_norm=True,
+                       norm_eps=1e-5, ffn_dim=8192, num_experts=64, num_experts_per_tok=8,
+                       expert_ffn_dim=1024, router_renorm=False, attention="full",
+                       block_size=32, max_seq_len=8192,
+                       pad_id=156892, eos_id=156892, mask_id=156895)
+
+
+def _llada2_mini() -> ModelConfig:
+    """inclusionAI/LLaDA2.0-mini (16B-A1.4B): block diffusion, 256 experts top-8, sigmoid router."""
+    return ModelConfig(name="llada2.0-mini", vocab_size=157184, dim=2048, num_layers=20,
+                       num_heads=16, num_kv_heads=4, head_dim=128, rope_theta=600000.0,
+                       partial_rotary=0.5, qk_norm=True, ffn_dim=5120, num_dense_layers=1,
+                       num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
+                       expert_ffn_dim=512, router="sigmoid", routed_scaling=2.5,
+                       attention="block", block_size=32, max_seq_len=32768,
+                       pad_id=156892, eos_id=156892, mask_id=156895)
+
+
+def _dream_7b() -> ModelConfig:
+    """Dream-org/Dream-v0-Instruct-7B: Qwen2.5-7B shape, bidirectional, QKV bias."""
+    return ModelConfig(name="dream-7b", vocab_size=152064, dim=3584, num_layers=28, num_heads=28,
+                       num_kv_heads=4, rope_theta=1000000.0, ffn_dim=18944, qkv_bias=True,
+                       attention="full", block_size=32, max_seq_len=32768,
+                       pad_id=151643, eos_id=151643, mask_id=151666)
+
+
+PRESETS = {
+    "tiny": _tiny,
+    "clover-tiny": _clover_tiny,
+    "clover-tiny-ar": _clover_tiny_ar,
+    "clover-35b-a3b": _clover_35b_a3b,
+    "llada-8b": _llada_8b,
+    "llada-moe-7b-a1b": _llada_moe_7b_a1b,
+    "llada2.0-mini": _llada2_mini,
+    "dream-7b": _dream_7b,
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A fresh config for a named preset, with optional field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    config = PRESETS[name]()
+    return config.replace(**overrides) if overrides else config
