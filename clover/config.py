@@ -60,7 +60,8 @@ class ModelConfig:
         for field in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                       "ffn_dim", "block_size", "max_seq_len"):
             _require(getattr(self, field) > 0, field, "must be > 0")
-        _require(self.attention in ATTENTION_MODES, "attention", f"must be one of {ATTENTION_MODES}")
+        _require(self.attention in ATTENTION_MODES, "attention",
+                 f"must be one of {ATTENTION_MODES}")
         _require(self.router in ROUTERS, "router", f"must be one of {ROUTERS}")
         _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                  f"must divide num_heads={self.num_heads}")
@@ -73,7 +74,8 @@ class ModelConfig:
         self._validate_moe()
         self._validate_token_ids()
         if self.attention == "causal" and self.block_size != 1:
-            raise ValueError(f"block_size: causal models decode one token per block, so it must be 1 "
+            raise ValueError("ModelConfig.block_size: causal models decode one token per block, "
+                             "so it must be 1 "
                              f"(got {self.block_size})")
 
     def _validate_moe(self) -> None:
@@ -142,7 +144,7 @@ def _require(ok: bool, field: str, why: str) -> None:
 
 # ---- presets ------------------------------------------------------------------------------------
 # Clover's own models use Clover's tokenizer (pad 0, eos 1, mask 2). Public shapes keep their own
-# vocabularies and special ids, from the published config.json files, so importers can map onto them.
+# vocabularies and special ids, from the published config.json files, for importers.
 
 def _tiny() -> ModelConfig:
     """< 1M parameters, for tests: block-diffusion MoE with every feature switched on."""
@@ -169,15 +171,15 @@ def _clover_tiny_ar() -> ModelConfig:
 def _clover_35b_a3b() -> ModelConfig:
     """The seed model's published size (~35B total, ~3B active), in the LLaDA2.x / Qwen3-MoE style.
 
-    48 layers of dim 2048 (first one dense), 256 routed experts of width 640 with top-8 and one
-    shared expert, sigmoid router with expert bias, GQA 32/4 with head dim 128, QK-norm, half-rotary
-    RoPE and a 157k vocabulary.
+    48 layers of dim 2048 (first one dense), 256 routed experts of width 448 with top-8 plus two
+    shared experts, sigmoid router with expert bias, GQA 32/4 with head dim 128, QK-norm,
+    half-rotary RoPE and a 157k vocabulary: 34.98B total, 2.90B active per token.
     """
     return ModelConfig(name="clover-35b-a3b", vocab_size=157184, dim=2048, num_layers=48,
                        num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=600000.0,
                        partial_rotary=0.5, qk_norm=True, ffn_dim=5120, num_dense_layers=1,
-                       num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
-                       expert_ffn_dim=640, router="sigmoid", routed_scaling=2.5,
+                       num_experts=256, num_experts_per_tok=8, num_shared_experts=2,
+                       expert_ffn_dim=448, router="sigmoid", routed_scaling=2.5,
                        attention="block", block_size=32, max_seq_len=32768,
                        pad_id=156892, eos_id=156892, mask_id=156895)
 

@@ -1,0 +1,290 @@
+"""The one Clover model: embeddings, RMSNorm, RoPE, GQA attention in three modes, dense FFN, MoE.
+
+Attention visibility is a function of token *positions*, never of tensor layout:
+`causal` (key pos <= query pos), `block` (key block <= query block, block = pos // block_size) and
+`full` (everything). That makes the KV cache exact for `causal` and `block`: keys are written into
+per-row cache slots together with their positions, and a forward over new tokens attends to every
+valid slot it is allowed to see. The model promises nothing about sampling or scheduling; the
+engine decides which slots to write (`slot_B`) and when a row's cache grows (`KVCache.commit`).
+"""
+
+# Shapes: B batch, L new tokens, S key slots, D dim, H query heads, G kv heads, Dh head dim,
+# V vocab, N selected positions
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from clover.config import ModelConfig
+from clover.model.moe import MoE, MoEStats, SwiGLU
+
+
+class KVCache:
+    """Keys and values per layer in fixed slots, with each slot's position and validity.
+
+    Row b's committed prefix occupies slots [0, length_B[b]). A forward writes its new tokens at
+    `slot_B[b] + j` (default: right after the committed prefix) so a block being denoised overwrites
+    its own provisional entries step after step; `commit(n_B)` makes the first n new tokens of each
+    row permanent. Slots beyond the committed prefix can also be filled on purpose (dual cache).
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, capacity: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        self.pos_BS = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
+        self.valid_BS = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.length_B = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.capacity = capacity
+        self.end = 0  # one past the highest slot ever written: attention reads slots [0, end)
+
+    @property
+    def batch_size(self) -> int:
+        return self.pos_BS.shape[0]
+
+    def write_slots(self, slot_B: Tensor | None, num_new: int) -> Tensor:
+        """Slot index of each new token, [B, L]; checks capacity."""
+        start_B = self.length_B if slot_B is None else slot_B
+        slots_BL = start_B[:, None] + torch.arange(num_new, device=start_B.device)
+        top = int(slots_BL.max()) + 1 if slots_BL.numel() else 0
+        if top > self.capacity:
+            raise ValueError(f"KV cache overflow: need {top} slots, capacity is {self.capacity}")
+        self.end = max(self.end, top)
+        return slots_BL
+
+    def commit(self, num_B: Tensor) -> None:
+        """Make the next num_B[b] written tokens of each row part of its permanent prefix."""
+        self.length_B += num_B.to(self.length_B)
+
+    def truncate(self, length_B: Tensor) -> None:
+        """Forget everything from slot length_B[b] on (drop provisional or rejected entries)."""
+        slot_S = torch.arange(self.capacity, device=self.pos_BS.device)
+        self.valid_BS &= slot_S[None, :] < length_B[:, None]
+        self.length_B = length_B.clone().to(self.length_B)
+
+    def reset_rows(self, rows: Tensor) -> None:
+        """Empty the given rows so new requests can use them (continuous batching)."""
+        self.valid_BS[rows] = False
+        self.length_B[rows] = 0
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # [B, L, V], or [N, V] for the positions selected by logits_mask_BL
+    moe: MoEStats | None
+    hidden_BLD: Tensor | None = None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """RoPE on the first `rotary_dim` dims of each head (rotate-half layout, as in LLaMA/Qwen)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.rotary_dim = config.rotary_dim
+        exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64, device="cpu")
+        # Kept out of the state dict and out of .to(dtype): frequencies stay fp32 in bf16 models.
+        self._inv_freq = (config.rope_theta ** -(exponent / self.rotary_dim)).float()
+        self._on_device: dict[torch.device, Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> Tensor:
+        if device not in self._on_device:
+            self._on_device[device] = self._inv_freq.to(device)
+        return self._on_device[device]
+
+    def cos_sin(self, pos_BL: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        # R = rotary_dim / 2 frequencies
+        angles_BLR = pos_BL[..., None].float() * self.inv_freq(pos_BL.device)
+        angles_BLR = torch.cat([angles_BLR, angles_BLR], dim=-1)[:, None]  # [B, 1, L, rotary]
+        return angles_BLR.cos().to(dtype), angles_BLR.sin().to(dtype)
+
+    def apply(self, x_BHLD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        rot, rest = x_BHLD[..., :self.rotary_dim], x_BHLD[..., self.rotary_dim:]
+        half = self.rotary_dim // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+
+
+def visibility(mode: str, block_size: int, q_pos_BL: Tensor, k_pos_BS: Tensor) -> Tensor:
+    """Which keys each query may see, [B, L, S], from positions alone (before validity)."""
+    q, k = q_pos_BL[:, :, None], k_pos_BS[:, None, :]
+    if mode == "causal":
+        return k <= q
+    if mode == "block":
+        return torch.div(k, block_size, rounding_mode="floor") <= torch.div(
+            q, block_size, rounding_mode="floor")
+    return torch.ones_like(k <= q)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.num_heads * self.head_dim, bias=config.qkv_bias)
+        kv_out = config.num_kv_heads * self.head_dim
+        self.k_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * self.head_dim, config.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+
+    def forward(self, x_BLD: Tensor, rope: tuple[Rotary, Tensor, Tensor], mask_BLS: Tensor,
+                cache: KVCache | None, slots_BL: Tensor | None) -> Tensor:
+        B, L, _ = x_BLD.shape
+        q = self.q_proj(x_BLD).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rotary, cos, sin = rope
+        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        if cache is not None:
+            k, v = self._through_cache(cache, k, v, slots_BL)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BLS[:, None],
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+    def _through_cache(self, cache: KVCache, k_BGLD: Tensor, v_BGLD: Tensor,
+                       slots_BL: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values into their slots; return all slots attention may read."""
+        index = slots_BL[:, None, :, None].expand_as(k_BGLD)
+        k_all, v_all = cache.k[self.layer], cache.v[self.layer]
+        k_all.scatter_(2, index, k_BGLD.to(k_all.dtype))
+        v_all.scatter_(2, index, v_BGLD.to(v_all.dtype))
+        return k_all[:, :, :cache.end].to(k_BGLD.dtype), v_all[:, :, :cache.end].to(v_BGLD.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn = Attention(config, layer)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.is_moe = config.layer_is_moe(layer)
+        self.ffn = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
+
+    def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, slots_BL, valid_N, stats: list):
+        x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), rope, mask_BLS, cache, slots_BL)
+        h_BLD = self.ffn_norm(x_BLD)
+        if not self.is_moe:
+            return x_BLD + self.ffn(h_BLD)
+        B, L, D = h_BLD.shape
+        out_ND, aux, counts_E = self.ffn(h_BLD.reshape(B * L, D), valid_N)
+        stats.append((aux, counts_E))
+        return x_BLD + out_ND.view(B, L, D)
+
+
+class CloverModel(nn.Module):
+    """Token ids + positions (+ cache) in; logits for the requested positions and MoE stats out."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.rotary = Rotary(config)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(
+            config.dim, config.vocab_size, bias=False)
+
+    def forward(self, ids_BL: Tensor, pos_BL: Tensor | None = None, *, cache: KVCache | None = None,
+                slot_B: Tensor | None = None, valid_BL: Tensor | None = None,
+                logits_mask_BL: Tensor | None = None, attn_mask_BLS: Tensor | None = None,
+                return_hidden: bool = False) -> ModelOutput:
+        """Run the model on new tokens.
+
+        pos_BL: absolute positions (default: after the cached prefix, or 0..L-1).
+        cache/slot_B: write the new keys into the cache at slot_B (default: after the prefix) and
+            attend to every valid slot; the cache's length only grows on `cache.commit`.
+        valid_BL: False for padding tokens (they are neither attended to nor counted).
+        logits_mask_BL: compute logits only where True; logits come back as [N, V].
+        attn_mask_BLS: replace the mode's visibility (e.g. training's noisy+clean layout).
+        """
+        B, L = ids_BL.shape
+        if pos_BL is None:
+            start_B = cache.length_B if cache is not None else ids_BL.new_zeros(B)
+            pos_BL = start_B[:, None] + torch.arange(L, device=ids_BL.device)
+        valid_BL = torch.ones_like(ids_BL, dtype=torch.bool) if valid_BL is None else valid_BL
+        x_BLD = self.embed(ids_BL)
+        rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
+        slots_BL, mask_BLS = self._attention_mask(pos_BL, valid_BL, cache, slot_B, attn_mask_BLS)
+        stats: list = []
+        valid_N = valid_BL.reshape(-1)
+        for layer in self.layers:
+            x_BLD = layer(x_BLD, rope, mask_BLS, cache, slots_BL, valid_N, stats)
+        h_BLD = self.norm(x_BLD)
+        h_sel = h_BLD if logits_mask_BL is None else h_BLD[logits_mask_BL]
+        logits = self.project(h_sel)
+        return ModelOutput(logits, self._moe_stats(stats), h_BLD if return_hidden else None)
+
+    def project(self, h: Tensor) -> Tensor:
+        """LM head (tied to the embedding when configured)."""
+        return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
+
+    def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, attn_mask_BLS):
+        cfg = self.config
+        if cache is None:
+            k_pos_BS, k_valid_BS, slots_BL = pos_BL, valid_BL, None
+        else:
+            slots_BL = cache.write_slots(slot_B, pos_BL.shape[1])
+            cache.pos_BS.scatter_(1, slots_BL, pos_BL)
+            cache.valid_BS.scatter_(1, slots_BL, valid_BL)
+            k_pos_BS, k_valid_BS = cache.pos_BS[:, :cache.end], cache.valid_BS[:, :cache.end]
+        if attn_mask_BLS is None:
+            attn_mask_BLS = visibility(cfg.attention, cfg.block_size, pos_BL, k_pos_BS)
+        mask_BLS = attn_mask_BLS & k_valid_BS[:, None, :]
+        # Padding queries see every slot, so no softmax row is empty (their output is ignored).
+        return slots_BL, mask_BLS | ~valid_BL[:, :, None]
+
+    def _moe_stats(self, stats: list) -> MoEStats | None:
+        if not stats:
+            return None
+        aux = torch.stack([a for a, _ in stats]).sum()
+        return MoEStats(aux_loss=aux, counts_LE=torch.stack([c for _, c in stats]))
+
+
+def init_weights(model: CloverModel, std: float = 0.02) -> None:
+    """Normal(0, std) for matrices, ones for norms, scaled-down output projections."""
+    depth_scale = (2 * model.config.num_layers) ** -0.5
+    for name, p in model.named_parameters():
+        if p.ndim == 1 and name.endswith("weight"):
+            nn.init.ones_(p)
+        elif p.ndim == 1:
+            nn.init.zeros_(p)
+        elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+            nn.init.normal_(p, std=std * depth_scale)
+        else:
+            nn.init.normal_(p, std=std)
+
+
+def build_model(config: ModelConfig, *, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32, seed: int | None = 0) -> CloverModel:
+    """A freshly initialised model (seeded), or an empty shell when device is 'meta'."""
+    with torch.device(device):
+        model = CloverModel(config)
+    if str(device) != "meta":
+        if seed is not None:
+            torch.manual_seed(seed)
+        init_weights(model)
+    return model.to(dtype=dtype)
