@@ -49,6 +49,9 @@ class ModelConfig:
     qkv_bias: bool = False
     attention: str = "block"
     block_size: int = 32
+    # Diffusion models: a masked position i is predicted by the logits at i - 1 (Dream's shift,
+    # which reuses an AR head as is) instead of its own. Causal models always predict the next token.
+    shift_logits: bool = False
     max_seq_len: int = 4096
     pad_id: int = PAD_ID
     eos_id: int = EOS_ID

@@ -23,6 +23,16 @@ from clover.config import ModelConfig
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
+@dataclass
+class CacheWrite:
+    """Where one forward's valid tokens land in the cache: (row, slot) per valid token."""
+
+    rows_N: Tensor
+    slots_N: Tensor
+    valid_BL: Tensor
+    read: slice | Tensor  # the cache rows this forward's batch rows are (a view when contiguous)
+
+
 class KVCache:
     """Keys and values per layer in fixed slots, with each slot's position and validity.
 
@@ -47,19 +57,40 @@ class KVCache:
     def batch_size(self) -> int:
         return self.pos_BS.shape[0]
 
-    def write_slots(self, slot_B: Tensor | None, num_new: int) -> Tensor:
-        """Slot index of each new token, [B, L]; checks capacity."""
-        start_B = self.length_B if slot_B is None else slot_B
-        slots_BL = start_B[:, None] + torch.arange(num_new, device=start_B.device)
-        top = int(slots_BL.max()) + 1 if slots_BL.numel() else 0
+    def write_slots(self, slot_B: Tensor | None, pos_BL: Tensor, valid_BL: Tensor,
+                    rows: list[int] | None = None) -> CacheWrite:
+        """Record where this forward's valid tokens go (slot_B[b] + j) and their positions.
+
+        rows: the cache row of each batch row (default 0..B-1). Padding tokens are never
+        written, so they cannot clobber slots that hold real entries.
+        """
+        B, L = pos_BL.shape
+        device = pos_BL.device
+        read: slice | Tensor = slice(0, B)
+        row_B = torch.arange(B, device=device)
+        if rows is not None and rows != list(range(B)):
+            row_B = torch.tensor(rows, device=device)
+            read = row_B
+        start_B = self.length_B[read] if slot_B is None else slot_B
+        slots_BL = start_B[:, None] + torch.arange(L, device=device)
+        rows_N = row_B[:, None].expand(B, L)[valid_BL]
+        slots_N = slots_BL[valid_BL]
+        top = int(slots_N.max()) + 1 if slots_N.numel() else 0
         if top > self.capacity:
             raise ValueError(f"KV cache overflow: need {top} slots, capacity is {self.capacity}")
         self.end = max(self.end, top)
-        return slots_BL
+        self.pos_BS[rows_N, slots_N] = pos_BL[valid_BL]
+        self.valid_BS[rows_N, slots_N] = True
+        return CacheWrite(rows_N, slots_N, valid_BL, read)
 
     def commit(self, num_B: Tensor) -> None:
         """Make the next num_B[b] written tokens of each row part of its permanent prefix."""
         self.length_B += num_B.to(self.length_B)
+
+    def set_length(self, rows: list[int], lengths: list[int]) -> None:
+        """Set the committed prefix length of some rows (the engine's commit after a step)."""
+        index = torch.tensor(rows, device=self.length_B.device)
+        self.length_B[index] = torch.tensor(lengths, device=self.length_B.device)
 
     def truncate(self, length_B: Tensor) -> None:
         """Forget everything from slot length_B[b] on (drop provisional or rejected entries)."""
@@ -67,10 +98,12 @@ class KVCache:
         self.valid_BS &= slot_S[None, :] < length_B[:, None]
         self.length_B = length_B.clone().to(self.length_B)
 
-    def reset_rows(self, rows: Tensor) -> None:
+    def reset_rows(self, rows: list[int]) -> None:
         """Empty the given rows so new requests can use them (continuous batching)."""
         self.valid_BS[rows] = False
         self.length_B[rows] = 0
+        used_S = self.valid_BS.any(0).nonzero()
+        self.end = int(used_S.max()) + 1 if used_S.numel() else 0
 
 
 @dataclass
@@ -150,7 +183,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
 
     def forward(self, x_BLD: Tensor, rope: tuple[Rotary, Tensor, Tensor], mask_BLS: Tensor,
-                cache: KVCache | None, slots_BL: Tensor | None) -> Tensor:
+                cache: KVCache | None, write: CacheWrite | None) -> Tensor:
         B, L, _ = x_BLD.shape
         q = self.q_proj(x_BLD).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -160,19 +193,21 @@ class Attention(nn.Module):
         rotary, cos, sin = rope
         q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         if cache is not None:
-            k, v = self._through_cache(cache, k, v, slots_BL)
+            k, v = self._through_cache(cache, k, v, write)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BLS[:, None],
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
 
     def _through_cache(self, cache: KVCache, k_BGLD: Tensor, v_BGLD: Tensor,
-                       slots_BL: Tensor) -> tuple[Tensor, Tensor]:
+                       write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Write the new keys/values into their slots; return all slots attention may read."""
-        index = slots_BL[:, None, :, None].expand_as(k_BGLD)
         k_all, v_all = cache.k[self.layer], cache.v[self.layer]
-        k_all.scatter_(2, index, k_BGLD.to(k_all.dtype))
-        v_all.scatter_(2, index, v_BGLD.to(v_all.dtype))
-        return k_all[:, :, :cache.end].to(k_BGLD.dtype), v_all[:, :, :cache.end].to(v_BGLD.dtype)
+        k_new_NGD = k_BGLD.transpose(1, 2)[write.valid_BL]
+        v_new_NGD = v_BGLD.transpose(1, 2)[write.valid_BL]
+        k_all[write.rows_N, :, write.slots_N] = k_new_NGD.to(k_all.dtype)
+        v_all[write.rows_N, :, write.slots_N] = v_new_NGD.to(v_all.dtype)
+        k_read, v_read = k_all[write.read, :, :cache.end], v_all[write.read, :, :cache.end]
+        return k_read.to(k_BGLD.dtype), v_read.to(v_BGLD.dtype)
 
 
 class Block(nn.Module):
@@ -184,8 +219,8 @@ class Block(nn.Module):
         self.is_moe = config.layer_is_moe(layer)
         self.ffn = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
 
-    def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, slots_BL, valid_N, stats: list):
-        x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), rope, mask_BLS, cache, slots_BL)
+    def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, write, valid_N, stats: list):
+        x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), rope, mask_BLS, cache, write)
         h_BLD = self.ffn_norm(x_BLD)
         if not self.is_moe:
             return x_BLD + self.ffn(h_BLD)
@@ -209,7 +244,8 @@ class CloverModel(nn.Module):
             config.dim, config.vocab_size, bias=False)
 
     def forward(self, ids_BL: Tensor, pos_BL: Tensor | None = None, *, cache: KVCache | None = None,
-                slot_B: Tensor | None = None, valid_BL: Tensor | None = None,
+                slot_B: Tensor | None = None, cache_rows: list[int] | None = None,
+                valid_BL: Tensor | None = None,
                 logits_mask_BL: Tensor | None = None, attn_mask_BLS: Tensor | None = None,
                 return_hidden: bool = False) -> ModelOutput:
         """Run the model on new tokens.
@@ -217,22 +253,26 @@ class CloverModel(nn.Module):
         pos_BL: absolute positions (default: after the cached prefix, or 0..L-1).
         cache/slot_B: write the new keys into the cache at slot_B (default: after the prefix) and
             attend to every valid slot; the cache's length only grows on `cache.commit`.
+        cache_rows: which cache row each batch row uses (default: row b is cache row b).
         valid_BL: False for padding tokens (they are neither attended to nor counted).
         logits_mask_BL: compute logits only where True; logits come back as [N, V].
         attn_mask_BLS: replace the mode's visibility (e.g. training's noisy+clean layout).
         """
         B, L = ids_BL.shape
         if pos_BL is None:
-            start_B = cache.length_B if cache is not None else ids_BL.new_zeros(B)
+            start_B = ids_BL.new_zeros(B)
+            if cache is not None:
+                start_B = cache.length_B[cache_rows if cache_rows is not None else slice(0, B)]
             pos_BL = start_B[:, None] + torch.arange(L, device=ids_BL.device)
         valid_BL = torch.ones_like(ids_BL, dtype=torch.bool) if valid_BL is None else valid_BL
         x_BLD = self.embed(ids_BL)
         rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
-        slots_BL, mask_BLS = self._attention_mask(pos_BL, valid_BL, cache, slot_B, attn_mask_BLS)
+        write, mask_BLS = self._attention_mask(pos_BL, valid_BL, cache, slot_B, cache_rows,
+                                               attn_mask_BLS)
         stats: list = []
         valid_N = valid_BL.reshape(-1)
         for layer in self.layers:
-            x_BLD = layer(x_BLD, rope, mask_BLS, cache, slots_BL, valid_N, stats)
+            x_BLD = layer(x_BLD, rope, mask_BLS, cache, write, valid_N, stats)
         h_BLD = self.norm(x_BLD)
         h_sel = h_BLD if logits_mask_BL is None else h_BLD[logits_mask_BL]
         logits = self.project(h_sel)
@@ -242,20 +282,19 @@ class CloverModel(nn.Module):
         """LM head (tied to the embedding when configured)."""
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
-    def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, attn_mask_BLS):
+    def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, cache_rows, attn_mask_BLS):
         cfg = self.config
         if cache is None:
-            k_pos_BS, k_valid_BS, slots_BL = pos_BL, valid_BL, None
+            k_pos_BS, k_valid_BS, write = pos_BL, valid_BL, None
         else:
-            slots_BL = cache.write_slots(slot_B, pos_BL.shape[1])
-            cache.pos_BS.scatter_(1, slots_BL, pos_BL)
-            cache.valid_BS.scatter_(1, slots_BL, valid_BL)
-            k_pos_BS, k_valid_BS = cache.pos_BS[:, :cache.end], cache.valid_BS[:, :cache.end]
+            write = cache.write_slots(slot_B, pos_BL, valid_BL, cache_rows)
+            k_pos_BS = cache.pos_BS[write.read, :cache.end]
+            k_valid_BS = cache.valid_BS[write.read, :cache.end]
         if attn_mask_BLS is None:
             attn_mask_BLS = visibility(cfg.attention, cfg.block_size, pos_BL, k_pos_BS)
         mask_BLS = attn_mask_BLS & k_valid_BS[:, None, :]
         # Padding queries see every slot, so no softmax row is empty (their output is ignored).
-        return slots_BL, mask_BLS | ~valid_BL[:, :, None]
+        return write, mask_BLS | ~valid_BL[:, :, None]
 
     def _moe_stats(self, stats: list) -> MoEStats | None:
         if not stats:

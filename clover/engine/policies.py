@@ -1,0 +1,89 @@
+"""Commit policies: given proposals for the masked positions of each row, choose which to commit.
+
+Every policy keeps the same invariants, which tests check: it commits at least one masked
+position in every row that has one, and never a position that is not masked. Rows are laid out
+as [B, M] with M the most masked positions any row has; `masked_BM` marks the real ones.
+"""
+
+# Shapes: B rows, M masked positions per row (padded)
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Proposal:
+    tokens_BM: Tensor  # proposed token per masked position
+    conf_BM: Tensor  # probability of the proposed token
+    entropy_BM: Tensor  # entropy of the position's distribution (nats)
+    masked_BM: Tensor  # True where the slot is a real masked position
+    # per-row knobs, from each request's SamplingParams
+    tau_B: Tensor
+    gamma_B: Tensor
+    steps_left_B: Tensor  # denoising steps left in the block (topk schedule), >= 1
+
+
+class Policy(Protocol):
+    def select(self, p: Proposal) -> Tensor:
+        """commit_BM: which masked positions to commit this step."""
+        ...
+
+
+def _at_least_one(choice_BM: Tensor, p: Proposal) -> Tensor:
+    """Add each row's most confident position if the rule chose none there."""
+    conf_BM = p.conf_BM.masked_fill(~p.masked_BM, -1.0)
+    best_BM = torch.zeros_like(choice_BM)
+    best_BM.scatter_(1, conf_BM.argmax(-1, keepdim=True), True)
+    choice_BM = choice_BM & p.masked_BM
+    none_B = ~choice_BM.any(-1, keepdim=True)
+    return (choice_BM | (best_BM & none_B)) & p.masked_BM
+
+
+class ThresholdPolicy:
+    """Commit every masked position whose confidence >= tau; at least one (Fast-dLLM, LLaDA2)."""
+
+    def select(self, p: Proposal) -> Tensor:
+        return _at_least_one(p.conf_BM >= p.tau_B[:, None], p)
+
+
+class TopKPolicy:
+    """LLaDA low-confidence remasking: a fixed number of steps per block, the k most confident.
+
+    k = ceil(masked / steps_left), so the block is finished in exactly steps_per_block steps.
+    """
+
+    def select(self, p: Proposal) -> Tensor:
+        num_masked_B = p.masked_BM.sum(-1)
+        k_B = torch.div(num_masked_B + p.steps_left_B - 1, p.steps_left_B, rounding_mode="floor")
+        return _top_by(p.conf_BM.masked_fill(~p.masked_BM, -1.0), k_B, p)
+
+
+class EntropyPolicy:
+    """EB-sampler: commit the most certain positions while their summed entropy <= gamma."""
+
+    def select(self, p: Proposal) -> Tensor:
+        ent_BM = p.entropy_BM.masked_fill(~p.masked_BM, float("inf"))
+        sorted_BM, order_BM = ent_BM.sort(-1)
+        # position j of the sorted order is taken if the entropy of everything before it, plus
+        # its own, fits the budget; the first is always taken
+        keep_sorted = sorted_BM.cumsum(-1) <= p.gamma_B[:, None]
+        keep_sorted[:, 0] = True
+        choice_BM = torch.zeros_like(p.masked_BM).scatter_(1, order_BM, keep_sorted)
+        return _at_least_one(choice_BM, p)
+
+
+def _top_by(score_BM: Tensor, k_B: Tensor, p: Proposal) -> Tensor:
+    rank_BM = score_BM.argsort(-1, descending=True).argsort(-1)
+    return _at_least_one(rank_BM < k_B[:, None], p)
+
+
+POLICIES: dict[str, type] = {
+    "threshold": ThresholdPolicy,
+    "topk": TopKPolicy,
+    "entropy": EntropyPolicy,
+}
