@@ -50,7 +50,8 @@ class ModelConfig:
     attention: str = "block"
     block_size: int = 32
     # Diffusion models: a masked position i is predicted by the logits at i - 1 (Dream's shift,
-    # which reuses an AR head as is) instead of its own. Causal models always predict the next token.
+    # which reuses an AR head as is) instead of its own. Causal models always predict the next
+    # token.
     shift_logits: bool = False
     max_seq_len: int = 4096
     pad_id: int = PAD_ID

@@ -228,10 +228,13 @@ class LLM:
         return self.engine.config
 
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | list[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
         """Decode every prompt (text or token ids) as one batch; outputs in input order."""
         ids = self._prompt_ids(prompts)
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(ids)
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(ids)
+        params_list = params
         if len(params_list) != len(ids):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(ids)} prompts")
         self.engine.runner.ensure_capacity(max(len(p) + q.max_tokens
@@ -252,7 +255,8 @@ class LLM:
         outputs = self.generate([self.tokenizer.encode(p) for p in prompts], params)
         for out in outputs:
             parsed = parse_tool_calls(out.text)
-            out.tool_calls, out.content, out.errors = parsed.tool_calls, parsed.content, parsed.errors
+            out.tool_calls, out.content = parsed.tool_calls, parsed.content
+            out.errors = parsed.errors
             if parsed.tool_calls and out.finish_reason == "stop":
                 out.finish_reason = "tool_calls"
         return outputs

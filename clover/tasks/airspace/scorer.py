@@ -1,0 +1,189 @@
+"""Strict scorer: predicted zones against ground truth, per zone and per message.
+
+A predicted zone is matched to a true one (greedy best match: correct pairs first, then the
+closest centre); it is correct when the centre is within 100 m, the radius within 1 %, both limits
+equal after conversion to metres (2 m tolerance, same reference), both times exact, and
+`replaces` equal when the truth names one. Predictions may be raw model text, parsed tool calls,
+OpenAI tool_call dicts, or normalised zones; garbage is counted as invalid, never raised.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from clover.tasks.airspace.normalise import Zone, distance_m
+from clover.tasks.airspace.tools import Cancel, interpret_call, parse_tool_calls
+
+CENTRE_TOL_M = 100.0
+RADIUS_REL_TOL = 0.01
+ERROR_KINDS = ("centre", "radius", "lower", "upper", "start", "end", "replaces", "missing_zone",
+               "extra_zone", "invalid_call", "missing_cancel", "extra_cancel")  # fmt: skip
+
+
+@dataclass
+class Prediction:
+    """What one prediction amounts to once read: zones, cancels, and call counts."""
+
+    zones: list[Zone] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+    num_calls: int = 0
+    num_invalid: int = 0
+
+
+def read_prediction(pred: Any) -> Prediction:
+    """Raw text, a list of calls, or {"output" | "tool_calls" | "calls" | "zones" (+ "cancels")}
+    -> Prediction."""
+    if isinstance(pred, dict) and "zones" in pred and not _has_calls(pred):
+        out = _from_zones(pred["zones"])
+        cancels = pred.get("cancels")
+        out.cancels = [str(c) for c in cancels] if isinstance(cancels, list) else []
+        return out
+    if isinstance(pred, dict):
+        pred = next((pred[k] for k in ("output", "tool_calls", "calls", "text") if k in pred), None)
+    parsed = parse_tool_calls(pred)
+    out = Prediction(
+        num_calls=len(parsed.calls) + parsed.num_invalid, num_invalid=parsed.num_invalid
+    )
+    for call in parsed.calls:
+        try:
+            action = interpret_call(call["name"], call["arguments"])
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            out.num_invalid += 1
+            continue
+        if isinstance(action, Cancel):
+            out.cancels.append(action.zone_id)
+        else:
+            out.zones.append(action)
+    return out
+
+
+def _has_calls(pred: dict) -> bool:
+    return any(k in pred for k in ("output", "tool_calls", "calls"))
+
+
+def _from_zones(zones: Any) -> Prediction:
+    out = Prediction()
+    for z in zones if isinstance(zones, list) else [zones]:
+        out.num_calls += 1
+        try:
+            out.zones.append(Zone.from_dict(z))
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            out.num_invalid += 1
+    return out
+
+
+def zone_errors(pred: Zone, truth: Zone) -> list[str]:
+    """Which attributes of `pred` fail the tolerances against `truth` (empty: correct)."""
+    errors = []
+    if distance_m(pred.lat, pred.lon, truth.lat, truth.lon) > CENTRE_TOL_M:
+        errors.append("centre")
+    if abs(pred.radius_m - truth.radius_m) > RADIUS_REL_TOL * truth.radius_m:
+        errors.append("radius")
+    errors += [
+        name
+        for name, a, b in (("lower", pred.lower, truth.lower), ("upper", pred.upper, truth.upper))
+        if not a.matches(b)
+    ]
+    errors += ["start"] if pred.start_utc != truth.start_utc else []
+    errors += ["end"] if pred.end_utc != truth.end_utc else []
+    if truth.replaces and pred.replaces != truth.replaces:
+        errors.append("replaces")
+    return errors
+
+
+def match_zones(preds: list[Zone], truths: list[Zone]) -> list[tuple[int, int, list[str]]]:
+    """Greedy one-to-one matching: (pred index, truth index, errors); correct pairs win first."""
+    pairs = []
+    for i, p in enumerate(preds):
+        for j, t in enumerate(truths):
+            errs = zone_errors(p, t)
+            dist = distance_m(p.lat, p.lon, t.lat, t.lon) + abs(p.radius_m - t.radius_m)
+            pairs.append((len(errs) > 0, len(errs), dist, i, j, errs))
+    pairs.sort(key=lambda x: x[:5])
+    used_p, used_t, out = set(), set(), []
+    for *_, i, j, errs in pairs:
+        if i not in used_p and j not in used_t:
+            used_p.add(i), used_t.add(j)
+            out.append((i, j, errs))
+    return out
+
+
+@dataclass
+class MessageScore:
+    num_truth: int
+    num_pred: int
+    num_correct: int
+    exact: bool
+    errors: Counter
+    centre_errors_m: list[float]
+
+
+def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list[str]
+                  ) -> MessageScore:  # fmt: skip
+    """Score one message's prediction against its truth."""
+    errors: Counter = Counter()
+    matches = match_zones(pred.zones, truth_zones)
+    for _, _, errs in matches:
+        errors.update(errs)
+    num_correct = sum(1 for *_, errs in matches if not errs)
+    errors["missing_zone"] += len(truth_zones) - len(matches)
+    errors["extra_zone"] += len(pred.zones) - len(matches)
+    errors["invalid_call"] += pred.num_invalid
+    errors["missing_cancel"] += len(set(truth_cancels) - set(pred.cancels))
+    errors["extra_cancel"] += len(set(pred.cancels) - set(truth_cancels))
+    dists = [distance_m(pred.zones[i].lat, pred.zones[i].lon, truth_zones[j].lat,
+                        truth_zones[j].lon) for i, j, _ in matches]  # fmt: skip
+    exact = not +errors and len(pred.zones) == len(truth_zones) == num_correct
+    return MessageScore(len(truth_zones), len(pred.zones), num_correct, exact, errors, dists)
+
+
+def _truth(t: Any) -> tuple[list[Zone], list[str]]:
+    if isinstance(t, dict):
+        return [Zone.from_dict(z) for z in t.get("zones") or []], list(t.get("cancels") or [])
+    return list(t.zones), list(getattr(t, "cancels", []))
+
+
+def score(predictions: list[Any], truths: list[Any]) -> dict:
+    """Score predictions against truths (Examples or external records), aligned by position.
+
+    Returns zone precision / recall / F1, exact-message accuracy, tool-call validity, hallucinated
+    zones on negatives, mean centre error of matched zones, and per-error counts.
+    """
+    if len(predictions) != len(truths):
+        raise ValueError(f"{len(predictions)} predictions for {len(truths)} messages")
+    total, scores, num_calls, num_invalid, hallucinated, negatives = Counter(), [], 0, 0, 0, 0
+    for p, t in zip(predictions, truths, strict=True):
+        pred = read_prediction(p)
+        zones, cancels = _truth(t)
+        s = score_message(pred, zones, cancels)
+        scores.append(s)
+        total.update(s.errors)
+        num_calls, num_invalid = num_calls + pred.num_calls, num_invalid + pred.num_invalid
+        if not zones and not cancels:
+            negatives += 1
+            hallucinated += len(pred.zones)
+    return _summary(scores, total, num_calls, num_invalid, negatives, hallucinated)
+
+
+def _summary(scores: list[MessageScore], errors: Counter, num_calls: int, num_invalid: int,
+             negatives: int, hallucinated: int) -> dict:  # fmt: skip
+    n_truth = sum(s.num_truth for s in scores)
+    n_pred = sum(s.num_pred for s in scores)
+    n_ok = sum(s.num_correct for s in scores)
+    precision = n_ok / n_pred if n_pred else 1.0  # nothing predicted: no false positives
+    recall = n_ok / n_truth if n_truth else 1.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    dists = [d for s in scores for d in s.centre_errors_m]
+    return {
+        "num_messages": len(scores), "num_truth_zones": n_truth, "num_pred_zones": n_pred,
+        "num_correct_zones": n_ok, "zone_precision": precision, "zone_recall": recall,
+        "zone_f1": f1,
+        "exact_message_accuracy": sum(s.exact for s in scores) / len(scores) if scores else 0.0,
+        "num_calls": num_calls, "num_invalid_calls": num_invalid,
+        "tool_call_validity": (num_calls - num_invalid) / num_calls if num_calls else 1.0,
+        "num_negatives": negatives, "hallucinated_zones_on_negatives": hallucinated,
+        "mean_centre_error_m": sum(dists) / len(dists) if dists else None,
+        "errors": {k: errors.get(k, 0) for k in ERROR_KINDS},
+    }  # fmt: skip

@@ -1,0 +1,245 @@
+"""The agent's tools: JSON Schemas (OpenAI function format), call parsing and execution.
+
+Argument contract (what the model emits, kept a near-copy of the message text because tiny models
+copy digits well and do arithmetic badly):
+- `centre`: the centre exactly as written in the message (`512107N 0003608W`, `N320604E0344856`,
+  `北纬31°08′36″、东经121°48′18″`, `51.47002, -0.45430`) or, when a notice names a place instead,
+  the airport name or ICAO code as written; `normalise.parse_centre` reads every form.
+- `radius`: `{"value": 0.5, "unit": "NM"|"KM"|"M"}` (MTR, 米 -> M; 公里 -> KM).
+- `lower`/`upper`: `{"value", "unit": "FT"|"M"|"FL", "ref": "SFC"|"AMSL"|"AGL"|"STD"}` or
+  `{"unit": "UNL"}`; omitted when the message states no limit (defaults: SFC and UNL).
+- `start`/`end`: `YYYY-MM-DDTHH:MM` + `Z` for UTC, or + the stated offset (`+08:00`) for local
+  times, `24:00` allowed; null for PERM / not stated. Offsets are applied in code, not by the model.
+- `action` is `create` (default, omitted) or `replace` with `replaces`; a cancellation is
+  `clear_zone`. This module never raises on model output: bad calls come back as error strings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from clover.tasks.airspace.normalise import (
+    Zone,
+    parse_centre,
+    parse_limit,
+    parse_radius,
+    parse_time,
+)
+
+_LIMIT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "value": {"type": "number"},
+        "unit": {"type": "string", "enum": ["FT", "M", "FL", "UNL"]},
+        "ref": {"type": "string", "enum": ["SFC", "AMSL", "AGL", "STD"]},
+    },
+    "required": ["unit"],
+}
+_TIME_SCHEMA = {"type": ["string", "null"], "description": "YYYY-MM-DDTHH:MMZ, or local +HH:MM"}
+
+TOOLS: list[dict] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_no_fly_zone",
+            "description": "Create or replace a cylindrical no-fly zone for drones.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "zone_id": {"type": "string", "description": "NOTAM number, or Z1, Z2..."},
+                    "label": {"type": "string"},
+                    "centre": {"type": "string", "description": "centre as written"},
+                    "radius": {
+                        "type": "object",
+                        "properties": {
+                            "value": {"type": "number"},
+                            "unit": {"type": "string", "enum": ["NM", "KM", "M"]},
+                        },
+                        "required": ["value", "unit"],
+                    },
+                    "lower": _LIMIT_SCHEMA,
+                    "upper": _LIMIT_SCHEMA,
+                    "start": _TIME_SCHEMA,
+                    "end": _TIME_SCHEMA,
+                    "action": {"type": "string", "enum": ["create", "replace", "delete"]},
+                    "replaces": {"type": "string"},
+                },
+                "required": ["zone_id", "centre", "radius"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "clear_zone",
+            "description": "Remove a zone whose NOTAM was cancelled.",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone_id": {"type": "string"}},
+                "required": ["zone_id"],
+            },
+        },
+    },
+]
+TOOL_NAMES = ("set_no_fly_zone", "clear_zone")
+
+SYSTEM_PROMPT = (
+    "You turn airspace restriction messages into drone no-fly zones. For each circular zone, "
+    "call set_no_fly_zone once: copy the centre and values as written, times as "
+    "YYYY-MM-DDTHH:MM with Z (UTC) or the local offset. Omit limits that are not stated. "
+    "For a replacing NOTAM use action replace; for a cancelled one call clear_zone. "
+    "If a message defines no zone, make no call."
+)
+NO_ZONE_REPLY = "No no-fly zone."
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A cancellation: remove zone `zone_id`."""
+
+    zone_id: str
+
+
+@dataclass(frozen=True)
+class ParsedCalls:
+    """Tool calls found in one model output: the readable ones and how many were broken."""
+
+    calls: list[dict]
+    num_invalid: int
+
+
+def interpret_call(name: Any, arguments: Any) -> Zone | Cancel:
+    """One call -> a normalised Zone (create / replace) or a Cancel; ValueError if invalid."""
+    if isinstance(arguments, str):
+        arguments = _loads(arguments)
+    if not isinstance(arguments, dict):
+        raise ValueError("arguments must be a JSON object")
+    action = arguments.get("action", "create")
+    if name == "clear_zone" or (name == "set_no_fly_zone" and action == "delete"):
+        zone_id = arguments.get("zone_id") or arguments.get("replaces")
+        if not isinstance(zone_id, str) or not zone_id:
+            raise ValueError("clear_zone needs a zone_id")
+        return Cancel(zone_id)
+    if name != "set_no_fly_zone":
+        raise ValueError(f"unknown tool {name!r}: use one of {', '.join(TOOL_NAMES)}")
+    if action not in ("create", "replace"):
+        raise ValueError(f"action must be create, replace or delete, got {action!r}")
+    return normalise_call(arguments)
+
+
+def normalise_call(arguments: dict) -> Zone:
+    """set_no_fly_zone arguments (raw, copied values) -> the normalised Zone."""
+    a = arguments
+    if "centre" in a or "center" in a:
+        lat, lon = parse_centre(a.get("centre", a.get("center")))
+    else:
+        lat, lon = parse_centre(f"{a.get('lat')}, {a.get('lon')}")
+    replaces = a.get("replaces") if a.get("action") == "replace" else None
+    if replaces is not None and not isinstance(replaces, str):
+        raise ValueError(f"replaces must be a zone id string, got {replaces!r}")
+    return Zone(
+        lat=lat, lon=lon, radius_m=parse_radius(a.get("radius")),
+        lower=parse_limit(a.get("lower", "SFC")), upper=parse_limit(a.get("upper", "UNL")),
+        start_utc=parse_time(a.get("start")), end_utc=parse_time(a.get("end")),
+        id=str(a.get("zone_id") or ""), replaces=replaces, label=str(a.get("label") or ""),
+    )  # fmt: skip
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError(f"not valid JSON: {text[:60]!r}") from None
+
+
+# ---- parsing model output ----------------------------------------------------------------------
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
+
+
+def format_call(call: dict) -> str:
+    """{"name", "arguments"} -> the text the model emits for it."""
+    body = {"name": call["name"], "arguments": call["arguments"]}
+    return f"<tool_call>{json.dumps(body, ensure_ascii=False)}</tool_call>"
+
+
+def parse_tool_calls(output: Any) -> ParsedCalls:
+    """Model output (text with <tool_call> blocks, or a list of already parsed calls in either
+    {"name", "arguments"} or OpenAI {"function": {...}} form) -> calls + count of broken ones."""
+    if isinstance(output, str):
+        return _parse_text(output)
+    if isinstance(output, dict):
+        output = [output]
+    if not isinstance(output, list | tuple):
+        return ParsedCalls([], 1 if output is not None else 0)
+    calls, bad = [], 0
+    for item in output:
+        call = _as_call(item)
+        calls += [call] if call else []
+        bad += call is None
+    return ParsedCalls(calls, bad)
+
+
+def _parse_text(text: str) -> ParsedCalls:
+    calls, bad = [], 0
+    for body, closed in _BLOCK.findall(text):
+        try:
+            call = _as_call(json.loads(body)) if closed else None
+        except (ValueError, RecursionError):
+            call = None
+        calls += [call] if call else []
+        bad += call is None
+    return ParsedCalls(calls, bad)
+
+
+def _as_call(item: Any) -> dict | None:
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("function"), dict):
+        item = item["function"]
+    name, args = item.get("name"), item.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(name, str) or not isinstance(args, dict):
+        return None
+    return {"name": name, "arguments": args}
+
+
+# ---- execution ---------------------------------------------------------------------------------
+
+
+class ZoneRegistry:
+    """In-memory zones keyed by id; `execute` runs one call and returns the tool-result string."""
+
+    def __init__(self) -> None:
+        self.zones: dict[str, Zone] = {}
+
+    def execute(self, call: dict) -> str:
+        try:
+            action = interpret_call(call.get("name"), call.get("arguments"))
+        except (ValueError, TypeError, AttributeError) as e:
+            return json.dumps({"ok": False, "error": str(e)}, ensure_ascii=False)
+        if isinstance(action, Cancel):
+            return self._delete(action.zone_id)
+        return self._put(action)
+
+    def _put(self, zone: Zone) -> str:
+        zone_id = zone.id or f"Z{len(self.zones) + 1}"
+        if zone.replaces:
+            self.zones.pop(zone.replaces, None)
+        self.zones[zone_id] = zone
+        result = {"ok": True, "zone_id": zone_id, "radius_m": round(zone.radius_m, 1)}
+        if zone.replaces:
+            result["replaced"] = zone.replaces
+        return json.dumps(result)
+
+    def _delete(self, zone_id: str) -> str:
+        if self.zones.pop(zone_id, None) is None:
+            return json.dumps({"ok": False, "error": f"no zone {zone_id}"})
+        return json.dumps({"ok": True, "cleared": zone_id})

@@ -1,0 +1,208 @@
+"""Generated messages: determinism, recoverable ground truth, splits, chat rendering, speed."""
+
+import json
+import re
+import time
+
+import pytest
+
+from clover.tasks.airspace import (
+    NO_ZONE_REPLY,
+    Cancel,
+    ZoneRegistry,
+    assistant_text,
+    generate_examples,
+    interpret_call,
+    load_messages_jsonl,
+    parse_tool_calls,
+    reference_calls,
+    write_jsonl,
+)
+from clover.tasks.airspace.places import airport_pools
+from clover.tasks.airspace.writing import num_text
+
+HELDOUT_PHRASES = ("SEGREGATED AREA", "RPAS FLIGHTS", "REMOTELY PILOTED", "SUAS OPS", "SWARM",
+                   "划设临时禁飞区", "RPA operations")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def train():
+    return generate_examples("train", 600, seed=3)
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return generate_examples("heldout", 300, seed=3)
+
+
+def test_generation_is_deterministic():
+    """Same split/n/seed gives identical examples; another seed gives different ones."""
+    a = [e.to_record() for e in generate_examples("test", 30, seed=1)]
+    assert a == [e.to_record() for e in generate_examples("test", 30, seed=1)]
+    assert a != [e.to_record() for e in generate_examples("test", 30, seed=2)]
+    assert [e.to_record() for e in generate_examples("test", 10, seed=1)] == a[:10]
+
+
+def _close(a, b) -> bool:
+    same_rest = (a.start_utc, a.end_utc, a.replaces) == (b.start_utc, b.end_utc, b.replaces)
+    return (
+        abs(a.lat - b.lat) < 1e-6
+        and abs(a.lon - b.lon) < 1e-6
+        and same_rest
+        and abs(a.radius_m - b.radius_m) < 1e-6
+        and a.lower == b.lower
+        and a.upper == b.upper
+    )
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_gold_calls_recover_ground_truth(split, train, heldout):
+    """Each gold call, read by the normaliser, equals the zone the generator printed; the centre
+    is copied verbatim from the text and the radius value is printed in it (a near-copy task)."""
+    for ex in train if split == "train" else heldout:
+        actions = [interpret_call(c["name"], c["arguments"]) for c in reference_calls(ex)]
+        zones = [a for a in actions if not isinstance(a, Cancel)]
+        assert len(zones) == len(ex.zones)
+        assert [a.zone_id for a in actions if isinstance(a, Cancel)] == ex.cancels
+        for call, got, want in zip(ex.calls, zones, ex.zones, strict=False):
+            assert _close(got, want), (ex.text, call)
+            args = call["arguments"]
+            assert args["centre"] in ex.text
+            assert num_text(args["radius"]["value"]).lstrip("0") in ex.text
+
+
+def test_notam_times_are_printed_as_given(train):
+    """NOTAM/FAA gold times are the printed YYMMDDHHMM groups, reformatted without arithmetic."""
+    checked = 0
+    for ex in train:
+        if not ex.kind.startswith(("icao_notamn", "faa")) or "+" in ex.kind:
+            continue
+        for call in ex.calls:
+            for key in ("start", "end"):
+                t = call["arguments"][key]
+                if t:
+                    stamp = t[2:4] + t[5:7] + t[8:10] + t[11:13] + t[14:16]
+                    assert stamp in ex.text, (ex.text, t)
+                    checked += 1
+    assert checked > 50
+
+
+def test_chinese_times_are_local_with_offset(train):
+    """Chinese notices keep local wall time (+08:00, 24:00 allowed); UTC is 8 h earlier."""
+    cn = [e for e in train if e.kind == "cn_notice"]
+    assert len(cn) > 20
+    saw_24 = False
+    for ex in cn:
+        for call, zone in zip(ex.calls, ex.zones, strict=True):
+            start = call["arguments"]["start"]
+            assert start.endswith("+08:00")
+            assert f"{int(start[11:13])}时" in ex.text
+            saw_24 |= call["arguments"]["end"][11:16] == "24:00"
+            assert zone.start_utc is not None
+    assert saw_24
+
+
+def test_formats_and_negatives_are_covered(train):
+    """The mix has every family, negatives with no calls, multi-zone and multi-turn examples."""
+    kinds = {k for e in train for k in e.kind.split("+")}
+    assert {"icao_notamn", "icao_notamr", "icao_notamc", "faa_uas", "faa_fdc_91.141",
+            "cn_notice", "plain_notice", "icao_negative", "faa_negative"} <= kinds  # fmt: skip
+    negatives = [e for e in train if e.is_negative]
+    assert negatives and all(not e.calls for e in negatives)
+    assert any(len(e.zones) >= 2 for e in train)
+    assert any(e.history for e in train)
+
+
+def test_heldout_is_disjoint_from_training(train, heldout):
+    """Held-out airports never appear in train pools and held-out phrasings never in train text."""
+    train_codes = {a["icao"] for pool in airport_pools("train").values() for a in pool}
+    held_codes = {a["icao"] for pool in airport_pools("heldout").values() for a in pool}
+    assert not train_codes & held_codes
+    for ex in train:
+        assert not any(p in ex.text for p in HELDOUT_PHRASES), ex.text
+    assert sum(any(p in ex.text for p in HELDOUT_PHRASES) for ex in heldout) > len(heldout) / 3
+
+
+def test_chat_messages_are_openai_shaped(train):
+    """Conversations: system, user, assistant tool_calls (JSON-string arguments) and, for
+    multi-turn examples, tool results tied to call ids before the next user turn."""
+    for ex in train[:200]:
+        msgs = ex.messages(tools=True)
+        assert msgs[0]["role"] == "system" and msgs[-2]["role"] == "user"
+        final = msgs[-1]
+        if ex.calls:
+            parsed = [{"name": c["function"]["name"], "arguments": json.loads(
+                c["function"]["arguments"])} for c in final["tool_calls"]]  # fmt: skip
+            assert parsed == ex.calls
+        else:
+            assert final == {"role": "assistant", "content": NO_ZONE_REPLY}
+        ids = {c["id"] for m in msgs for c in m.get("tool_calls", [])}
+        assert all(m["tool_call_id"] in ids for m in msgs if m["role"] == "tool")
+        assert json.loads(json.dumps(ex.chat()))["tools"][0]["function"]["name"]
+    multi = next(e for e in train if e.history)
+    roles = [m["role"] for m in multi.messages()]
+    assert roles[:4] == ["system", "user", "assistant", "tool"] and roles[-2:] == [
+        "user",
+        "assistant",
+    ]
+
+
+def test_assistant_text_round_trips_through_parser(train):
+    """The gold text uses the exact <tool_call> form and the local parser reads it back."""
+    for ex in train[:200]:
+        text = assistant_text(ex.calls)
+        assert parse_tool_calls(text).calls == ex.calls
+        if ex.calls:
+            assert text.startswith('<tool_call>{"name": "') and text.endswith("</tool_call>")
+            assert ex.messages(tools=False)[-1]["content"] == text
+
+
+def test_registry_executes_create_replace_clear():
+    """Replace removes the referenced zone, clear removes one, bad calls return errors."""
+    reg = ZoneRegistry()
+    zone = {"zone_id": "A1/25", "centre": "512107N 0003608W", "radius": {"value": 1, "unit": "NM"}}
+    assert json.loads(reg.execute({"name": "set_no_fly_zone", "arguments": zone}))["ok"]
+    new = dict(zone, zone_id="A2/25", action="replace", replaces="A1/25")
+    assert json.loads(reg.execute({"name": "set_no_fly_zone", "arguments": new}))["ok"]
+    assert list(reg.zones) == ["A2/25"]
+    assert not json.loads(reg.execute({"name": "clear_zone", "arguments": {"zone_id": "A1/25"}}))[
+        "ok"
+    ]
+    assert json.loads(reg.execute({"name": "clear_zone", "arguments": {"zone_id": "A2/25"}}))["ok"]
+    assert not reg.zones
+    bad = reg.execute({"name": "set_no_fly_zone", "arguments": {"centre": "nowhere 1"}})
+    assert not json.loads(bad)["ok"] and not reg.zones
+
+
+def test_external_jsonl_round_trip(tmp_path, train):
+    """write_jsonl -> load_messages_jsonl keeps text and zones (the form users paste NOTAMs in)."""
+    path = tmp_path / "msgs.jsonl"
+    write_jsonl(train[:50], path)
+    loaded = load_messages_jsonl(path)
+    assert [e.text for e in loaded] == [e.text for e in train[:50]]
+    for a, b in zip(loaded, train[:50], strict=True):
+        assert len(a.zones) == len(b.zones) and all(map(_close, a.zones, b.zones))
+    path.write_text(
+        '{"id": "x", "text": "RWY 09 CLSD"}\n\n{"text": "E) UAS", "zones": [{"lat": 1}]}\n'
+    )
+    with pytest.raises(ValueError, match="line 3"):
+        load_messages_jsonl(path)
+
+
+def test_generation_is_fast():
+    """100k training examples must take under a minute; 3000 in 5 s leaves a 2x margin on load."""
+    generate_examples("train", 10, seed=0)  # warm the airport pools
+    t0 = time.perf_counter()
+    generate_examples("train", 3000, seed=9)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_texts_look_like_their_formats(train):
+    """Spot-check the real layouts: Q-line field count, FAA '!' header, Chinese clauses."""
+    for ex in train:
+        for part in ex.text.split("\n\n"):
+            if re.search(r"NOTAM[NRC]", part):
+                q = re.search(r"Q\) (\S+)", part).group(1).split("/")
+                assert len(q) == 8 and re.fullmatch(r"\d{4}[NS]\d{5}[EW]\d{3}", q[7]), part
+            if part.startswith("!"):
+                assert re.match(r"!(FDC \d/\d{4}|[A-Z0-9]{3} \d{2}/\d{3}) ", part), part

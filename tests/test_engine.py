@@ -1,0 +1,237 @@
+"""The engine against its references: exact cache, policies' invariants, EOS, batching, sampling."""
+
+import pytest
+import torch
+
+from clover.config import get_preset
+from clover.engine import LLM, SamplingParams
+from clover.engine.policies import POLICIES, Proposal
+from clover.engine.reference import reference_generate
+from clover.model import build_model
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(20, 33)), [40, 41, 42, 43, 44, 45, 46, 47]]
+
+
+def _model(mode="block", seed=0, **kw):
+    block_size = 1 if mode == "causal" else kw.pop("block_size", 4)
+    return build_model(get_preset("tiny", attention=mode, block_size=block_size, **kw),
+                       seed=seed).eval()
+
+
+def _sharpen(model, scale=6.0):
+    """Random tiny models are nearly uniform; scaling the head gives confident, varied proposals."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["block", "causal"])
+@pytest.mark.parametrize("policy", ["threshold", "topk", "entropy"])
+def test_cached_engine_equals_uncached_reference(mode, policy):
+    """block/causal caches are exact: the engine reproduces the no-cache decoder token for token."""
+    model = _sharpen(_model(mode))
+    params = SamplingParams(max_tokens=14, policy=policy, tau=0.5, steps_per_block=2, gamma=1.0)
+    outs = LLM(model, device="cpu").generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == reference_generate(model, prompt, params)
+
+
+def test_shifted_block_model_equals_reference():
+    """With Dream-style shifted logits the engine re-reads the previous position and stays exact."""
+    model = _sharpen(_model("block", shift_logits=True))
+    params = SamplingParams(max_tokens=13, tau=0.5)
+    outs = LLM(model, device="cpu").generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == reference_generate(model, prompt, params)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_full_model_caches_with_per_step_refresh_equal_no_cache(cache):
+    """Prefix/dual caches are approximate, but refreshed every step they equal no cache."""
+    model = _sharpen(_model("full"))
+    base = SamplingParams(max_tokens=12, tau=0.5, block_size=4)
+    llm = LLM(model, device="cpu")
+    none = llm.generate(PROMPTS, base.replace(cache="none"))
+    cached = llm.generate(PROMPTS, base.replace(cache=cache, refresh_every=1))
+    assert [o.token_ids for o in cached] == [o.token_ids for o in none]
+    assert none[0].token_ids == reference_generate(model, PROMPTS[0], base.replace(cache="none"))
+
+
+def test_full_model_approximate_caches_run_and_save_work():
+    """Without per-step refresh the dual cache feeds fewer tokens per forward than no cache."""
+    model = _sharpen(_model("full"))
+    llm = LLM(model, device="cpu")
+    base = SamplingParams(max_tokens=12, tau=0.5, block_size=4)
+    none = llm.generate(PROMPTS[:1], base.replace(cache="none"))[0]
+    dual = llm.generate(PROMPTS[:1], base.replace(cache="dual"))[0]
+    assert len(dual.token_ids) == len(none.token_ids) == 12
+    assert dual.stats.tokens_processed < none.stats.tokens_processed
+
+
+@pytest.mark.parametrize("mode", ["block", "full"])
+def test_threshold_tau_one_commits_one_token_per_step(mode):
+    model = _model(mode)
+    params = SamplingParams(max_tokens=12, tau=1.0, ignore_eos=True)
+    for out in LLM(model, device="cpu").generate(PROMPTS, params):
+        assert out.stats.forwards == 12 == len(out.token_ids)
+
+
+def _random_proposal(seed, B=6, M=9):
+    g = torch.Generator().manual_seed(seed)
+    masked = torch.rand(B, M, generator=g) < 0.6
+    masked[0] = False  # a row with nothing masked must get no commit
+    masked[1, :] = False
+    masked[1, 3] = True  # a row with one masked position must commit it
+    return Proposal(torch.randint(0, 50, (B, M), generator=g), torch.rand(B, M, generator=g),
+                    torch.rand(B, M, generator=g) * 3, masked,
+                    torch.rand(B, generator=g), torch.rand(B, generator=g) * 2,
+                    torch.randint(1, 5, (B,), generator=g))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_policy_commits_at_least_one_and_only_masked(name):
+    for seed in range(50):
+        p = _random_proposal(seed)
+        commit = POLICIES[name]().select(p)
+        assert not (commit & ~p.masked_BM).any()
+        has_masked = p.masked_BM.any(-1)
+        assert (commit.any(-1) == has_masked).all()
+
+
+def test_threshold_and_topk_semantics():
+    p = _random_proposal(3)
+    commit = POLICIES["threshold"]().select(p)
+    above = (p.conf_BM >= p.tau_B[:, None]) & p.masked_BM
+    rows = above.any(-1)
+    assert torch.equal(commit[rows], above[rows])
+    commit = POLICIES["topk"]().select(p)
+    k = (p.masked_BM.sum(-1) + p.steps_left_B - 1) // p.steps_left_B
+    assert torch.equal(commit.sum(-1), k)
+
+
+def test_engine_never_rewrites_a_committed_position(monkeypatch):
+    """Watch every block between steps: a committed token never changes or returns to mask."""
+    model = _sharpen(_model("block"))
+    llm = LLM(model, device="cpu")
+    sched = llm.engine.scheduler
+    seen: dict[str, list[int]] = {}
+    original = sched.update
+
+    def checked(batch, tokens, commits, experts=0.0):
+        for plan in batch.rows:
+            r = plan.request
+            before = seen.get(r.request_id)
+            if before is not None and len(before) == len(r.block):
+                for old, new in zip(before, r.block, strict=True):
+                    assert old == r.mask_id or old == new
+        done = original(batch, tokens, commits, experts)
+        for plan in batch.rows:
+            seen[plan.request.request_id] = list(plan.request.block)
+        return done
+
+    monkeypatch.setattr(sched, "update", checked)
+    for policy in POLICIES:
+        llm.generate(PROMPTS, SamplingParams(max_tokens=16, policy=policy, tau=0.6))
+
+
+@pytest.mark.parametrize("mode", ["block", "causal"])
+def test_eos_stop_is_prefix_preserving(mode):
+    """Stopping at EOS gives exactly the prefix of the run that keeps going past it."""
+    model = _sharpen(_model(mode))
+    llm = LLM(model, device="cpu")
+    free = llm.generate(PROMPTS, SamplingParams(max_tokens=20, tau=0.5))
+    stop_tok = free[0].token_ids[5]  # a token the model really produces, treated as EOS
+    params = SamplingParams(max_tokens=20, tau=0.5, stop_token_ids=[stop_tok])
+    going = llm.generate(PROMPTS, params.replace(ignore_eos=True))
+    stopped = llm.generate(PROMPTS, params)
+    assert stopped[0].finish_reason == "stop" and len(stopped[0].token_ids) <= 5
+    for s, g in zip(stopped, going, strict=True):
+        cut = g.token_ids.index(stop_tok) if stop_tok in g.token_ids else len(g.token_ids)
+        assert s.token_ids == g.token_ids[:cut]
+        assert stop_tok not in s.token_ids
+    assert stopped[0].stats.forwards < going[0].stats.forwards
+
+
+@pytest.mark.parametrize("mode", ["block", "causal", "full"])
+def test_batch_invariance_at_temperature_zero(mode):
+    """A request's output does not depend on what else is in the batch (sizes 1, 3, 8)."""
+    model = _sharpen(_model(mode))
+    llm = LLM(model, device="cpu", max_batch_size=8)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 500, (int(n),), generator=g).tolist()
+               for n in torch.randint(2, 19, (8,), generator=g)]
+    params = SamplingParams(max_tokens=10, tau=0.6, block_size=4)
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    assert [o.token_ids for o in llm.generate(prompts[:3], params)] == alone[:3]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == alone
+
+
+def test_batch_larger_than_rows_queues_and_reuses_rows():
+    """More requests than cache rows: they wait, then take freed rows, with the same answers."""
+    model = _sharpen(_model("block"))
+    params = SamplingParams(max_tokens=9, tau=0.6)
+    many = (PROMPTS * 3)[:10]
+    small = LLM(model, device="cpu", max_batch_size=3).generate(many, params)
+    big = LLM(model, device="cpu", max_batch_size=16).generate(many, params)
+    assert [o.token_ids for o in small] == [o.token_ids for o in big]
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent():
+    model = _sharpen(_model("block"), scale=2.0)
+    llm = LLM(model, device="cpu")
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    a = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    b = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    alone = llm.generate(PROMPTS[2:3], params)[0].token_ids
+    assert a == b and a[2] == alone
+    other = [o.token_ids for o in llm.generate(PROMPTS, params.replace(seed=8))]
+    assert other != a
+
+
+def test_causal_engine_equals_plain_greedy_loop():
+    model = _sharpen(_model("causal"))
+    out = LLM(model, device="cpu").generate(PROMPTS, SamplingParams(max_tokens=10,
+                                                                    ignore_eos=True))
+    for prompt, o in zip(PROMPTS, out, strict=True):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(10):
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                logits[model.config.mask_id] = float("-inf")
+                ids.append(int(logits.argmax()))
+        assert o.token_ids == ids[len(prompt):]
+        assert o.stats.forwards == 10
+
+
+def test_mask_token_is_never_proposed():
+    model = _model("block")
+    with torch.no_grad():  # make the mask token overwhelmingly likely
+        model.lm_head.weight[model.config.mask_id] = model.lm_head.weight.sum(0) * 100
+    out = LLM(model, device="cpu").generate(PROMPTS, SamplingParams(max_tokens=8))
+    assert all(model.config.mask_id not in o.token_ids for o in out)
+
+
+def test_max_tokens_and_stats():
+    model = _sharpen(_model("block"))
+    llm = LLM(model, device="cpu")
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=7, tau=0.5, ignore_eos=True))
+    for o in outs:
+        assert len(o.token_ids) == 7 and o.finish_reason == "length"
+        s = o.stats
+        assert s.generated_tokens == 7 and s.tpf == 7 / s.forwards and s.first_block_s > 0
+    stats = llm.engine.stats.as_dict()
+    assert stats["model_s"] > 0 and 0 <= stats["overhead_share"] < 1
+
+
+def test_bad_requests_are_clear_errors():
+    llm = LLM(_model("block"), device="cpu")
+    with pytest.raises(ValueError, match="SamplingParams.tau"):
+        SamplingParams(tau=0)
+    with pytest.raises(ValueError, match="SamplingParams.policy"):
+        SamplingParams(policy="greedy-ish")
+    with pytest.raises(ValueError, match="no tokenizer"):
+        llm.generate("hello")
+    with pytest.raises(ValueError, match="context length"):
+        llm.engine.add_request([5] * 10, SamplingParams(max_tokens=10_000))
+    with pytest.raises(ValueError, match="--device"):
+        LLM(_model("block"), device="tpu")
