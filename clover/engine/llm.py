@@ -35,12 +35,13 @@ class EngineStats:
     tokens_processed: int = 0
     model_s: float = 0.0
     policy_s: float = 0.0  # sampler + policy
+    grammar_s: float = 0.0  # constraint masks and frontier checks
     other_s: float = 0.0  # scheduling, tensor building, bookkeeping
     unique_experts_sum: float = 0.0
     rows_sum: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        wall = self.model_s + self.policy_s + self.other_s
+        wall = self.model_s + self.policy_s + self.grammar_s + self.other_s
         return {"steps": self.steps, "forwards": self.forwards,
                 "generated_tokens": self.generated_tokens,
                 "tpf": round(self.generated_tokens / max(self.forwards, 1), 4),
@@ -48,7 +49,7 @@ class EngineStats:
                                                       / max(self.forwards, 1), 2),
                 "mean_batch_rows": round(self.rows_sum / max(self.steps, 1), 2),
                 "model_s": round(self.model_s, 4), "policy_s": round(self.policy_s, 4),
-                "other_s": round(self.other_s, 4),
+                "grammar_s": round(self.grammar_s, 4), "other_s": round(self.other_s, 4),
                 "overhead_share": round((wall - self.model_s) / wall, 4) if wall else 0.0,
                 "unique_experts_per_forward": round(self.unique_experts_sum
                                                     / max(self.forwards, 1), 2),
@@ -108,8 +109,17 @@ class Engine:
         r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
         if params.seed is not None and params.temperature > 0:
             r.generator = torch.Generator().manual_seed(params.seed)
+        if params.structured is not None:
+            r.constraint = self._constraint(params.structured, len(prompt_ids))
         self.scheduler.add(r)
         return r
+
+    def _constraint(self, structured: dict, prompt_len: int):
+        if self.tokenizer is None:
+            raise ValueError("structured output needs a tokenizer (load a model directory)")
+        from clover.grammar import build_constraint  # the grammar backend, loaded on demand
+
+        return build_constraint(structured, self.tokenizer, self.config, prompt_len)
 
     def abort(self, request_id: str) -> Request | None:
         r = self.scheduler.abort(request_id)
@@ -133,6 +143,8 @@ class Engine:
         if self._sync:
             torch.cuda.synchronize()
         t2 = time.perf_counter()
+        self._apply_constraints(run, batch)
+        mask_s = time.perf_counter() - t2
         proposal = self._propose(run, batch)
         commit_BM = self._select(proposal, batch)
         tokens, commits = proposal.tokens_BM.tolist(), commit_BM.tolist()
@@ -140,8 +152,21 @@ class Engine:
         done = self.scheduler.update(batch, _trim(tokens, batch), _trim(commits, batch),
                                      run.unique_experts)
         self.runner.release([r.row for r in done])
-        self._account(batch, run, done, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        check_s, self.scheduler.constraint_s = self.scheduler.constraint_s, 0.0
+        self._account(batch, run, done, sched_s=t1 - t0, model_s=t2 - t1,
+                      policy_s=t3 - t2 - mask_s, update_s=time.perf_counter() - t3 - check_s,
+                      grammar_s=mask_s + check_s)
         return done
+
+    def _apply_constraints(self, run: RunOutput, batch: ScheduledBatch) -> None:
+        """Let each constrained row forbid what its grammar rejects at the frontier."""
+        start = 0
+        for p in batch.rows:
+            n = len(p.logits_at)
+            if p.request.constraint is not None:
+                logits_MV = run.logits_NV[start:start + n]
+                p.request.constraint.mask_logits(p.request, p.masked, logits_MV)
+            start += n
 
     def _propose(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:
         rows = [RowSampling(p.request.params.temperature, p.request.params.top_p,
@@ -172,7 +197,8 @@ class Engine:
             commit_BM[rows] = self.policies[name].select(sub)
         return commit_BM
 
-    def _account(self, batch, run, done, sched_s, model_s, policy_s, update_s) -> None:
+    def _account(self, batch, run, done, sched_s, model_s, policy_s, update_s,
+                 grammar_s) -> None:
         s = self.stats
         s.steps += 1
         s.forwards += 1
@@ -181,6 +207,7 @@ class Engine:
         s.model_s += model_s
         s.policy_s += policy_s
         s.other_s += sched_s + update_s
+        s.grammar_s += grammar_s
         s.unique_experts_sum += run.unique_experts
         s.generated_tokens += sum(r.stats.generated_tokens for r in done)
 

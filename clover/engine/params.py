@@ -29,6 +29,9 @@ class SamplingParams:
     block_size: int | None = None  # override for `full` models (block/causal use their own)
     cache: str = "dual"  # `full` models: none | prefix | dual
     refresh_every: int = 0  # `full` models: recompute the whole canvas every N steps (0: per block)
+    # Structured output, one key: {"json_schema": {...}} | {"json_object": True} | {"regex": "..."}
+    # | {"lark": "..."} | {"tools": [...], "tool_choice": "auto"|"required"|{"name": ...}}
+    structured: dict | None = None
 
     def __post_init__(self) -> None:
         from clover.engine.policies import POLICIES
@@ -48,6 +51,8 @@ class SamplingParams:
             (self.cache in CACHE_MODES, "cache", f"must be one of {CACHE_MODES}"),
             (self.refresh_every >= 0, "refresh_every", "must be >= 0"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"),
+            (self.structured is None or isinstance(self.structured, dict), "structured",
+             "must be a dict such as {'json_schema': {...}}"),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -62,6 +62,7 @@ class Request:
     text: str | None = None  # final text, cut at a stop string if one matched
     stats: RequestStats = field(default_factory=RequestStats)
     generator: Any = None  # torch.Generator for seeded sampling (opaque here)
+    constraint: Any = None  # a `Constraint` (grammar) or None; see clover/engine/constraint.py
 
     def __post_init__(self) -> None:
         if not self.seq:
@@ -79,6 +80,18 @@ class Request:
     @property
     def masked_positions(self) -> list[int]:
         return [j for j, t in enumerate(self.block) if t == self.mask_id]
+
+    def settled_ids(self) -> list[int]:
+        """Generated ids that can no longer change, in order: finished blocks plus the active
+        block's committed run from its start (what a stream may send so far; may include EOS)."""
+        run = []
+        for t in self.block:
+            if t == self.mask_id:
+                break
+            run.append(t)
+        if self.constraint is not None:  # beyond the grammar frontier, commits are provisional
+            run = run[:max(self.constraint.frontier(self) - len(self.seq), 0)]
+        return self.seq[len(self.prompt):] + run
 
     def output_ids(self, stop_ids: set[int]) -> list[int]:
         """Generated ids up to (not including) the first EOS / stop token."""

@@ -54,6 +54,7 @@ class Scheduler:
         self.stop_check = stop_check
         self.shift = 1 if config.attention == "causal" else int(config.shift_logits)
         self.stop_ids = {config.eos_id}
+        self.constraint_s = 0.0  # time spent in constraint checks (grammar), for the stats
 
     # ---- admission ------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -144,6 +145,8 @@ class Scheduler:
                 if c:
                     r.block[j] = t
             self._eos_fill(r)
+            if r.constraint is not None:
+                self._check_constraint(r)
             if r.mask_id not in r.block:
                 self._complete_block(r)
             if r.finished:
@@ -158,6 +161,13 @@ class Scheduler:
         r.steps_in_block += 1
         if plan.commit_len is not None:
             r.cache_len = plan.commit_len
+
+    def _check_constraint(self, r: Request) -> None:
+        """Verify the committed run from the grammar frontier; rejected tokens are re-masked and
+        forced ones filled in, so a block only completes once all of it is verified."""
+        t0 = time.perf_counter()
+        r.constraint.after_commit(r)
+        self.constraint_s += time.perf_counter() - t0
 
     def _eos_fill(self, r: Request) -> None:
         """After a committed EOS, the rest of the block is padding: fill it with EOS."""
