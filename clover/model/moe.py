@@ -146,7 +146,7 @@ def load_balance(route: RouterOutput, num_experts: int,
     if valid_N is not None:
         experts_NK, probs_NE = experts_NK[valid_N], probs_NE[valid_N]
     counts_E = torch.bincount(experts_NK.reshape(-1), minlength=num_experts)
-    if experts_NK.numel() == 0:
+    if experts_NK.numel() == 0 or not torch.is_grad_enabled():  # the loss is for training only
         return probs_NE.new_zeros(()), counts_E
     frac_E = counts_E.float() / experts_NK.numel()
     mean_prob_E = probs_NE.mean(0)

@@ -114,8 +114,10 @@ class ModelOutput:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (one fused op when x is fp32)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight.float(), eps)
+    return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
