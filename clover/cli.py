@@ -33,15 +33,55 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from clover.demo_core import run_core_demo
+    from clover.demo import DemoConfig, render_table, run_demo
 
-    return run_core_demo(args.out, preset=args.preset)
+    if args.which == "core":
+        from clover.demo_core import run_core_demo
+        return run_core_demo(args.out, preset="clover-tiny")
+    fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__}
+    report = run_demo(DemoConfig(**fields))
+    print(render_table(report))
+    print(f"report: {report['report']}" + (f"; map: {report['map']}" if report.get("map") else ""))
+    if args.serve and report.get("map"):
+        _serve_file(report["map"], args.port)
+    return 0
+
+
+def _serve_file(path: str, port: int) -> None:
+    import functools
+    import http.server
+    from pathlib import Path
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(Path(path).parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as httpd:
+        print(f"map at http://127.0.0.1:{port}/{Path(path).name} (Ctrl-C to stop)")
+        httpd.serve_forever()
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the main job: build, save, reload and inspect a model")
-    p.add_argument("--out", default="runs/demo", help="output directory")
-    p.add_argument("--preset", default="clover-tiny", help="preset to build")
+    from clover.demo import DemoConfig
+
+    d = DemoConfig()
+    p = sub.add_parser("demo", help="the airspace agent demo: diffusion vs AR on the same messages")
+    p.add_argument("which", nargs="?", default="airspace", choices=["airspace", "core"],
+                   help="airspace (default) or core (build, save, reload and inspect a model)")
+    p.add_argument("--model", default=d.model, help="diffusion model directory")
+    p.add_argument("--baseline", default=d.baseline, help="AR baseline model directory")
+    p.add_argument("--n", type=int, default=d.n, help="number of messages")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--split", default=d.split, help="airspace split to draw messages from")
+    p.add_argument("--messages", default=None, help="your own messages (JSONL: id, text, zones?)")
+    p.add_argument("--out", default=d.out, help="output directory (report.json, map.html)")
+    p.add_argument("--policy", default=d.policy)
+    p.add_argument("--tau", type=float, default=d.tau)
+    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=d.max_tokens)
+    p.add_argument("--max-turns", dest="max_turns", type=int, default=d.max_turns)
+    p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
+    p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
+    p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")
+    p.add_argument("--serve", action="store_true", help="serve the map page on 127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
     p.set_defaults(func=_demo)
 
 
@@ -53,10 +93,17 @@ def _add_tasks(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _add_engine(sub: argparse._SubParsersAction) -> None:
+    from clover.engine.cli import register
+
+    register(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "inspect": _add_inspect,
     "demo": _add_demo,
     "tasks": _add_tasks,  # data / score
+    "engine": _add_engine,  # generate / chat
 }
 
 

@@ -235,3 +235,16 @@ def test_bad_requests_are_clear_errors():
         llm.engine.add_request([5] * 10, SamplingParams(max_tokens=10_000))
     with pytest.raises(ValueError, match="--device"):
         LLM(_model("block"), device="tpu")
+
+
+def test_context_length_is_enforced_and_cache_grows_keeping_contents():
+    """max_model_len bounds a request; the cache grows (with its contents) beyond its start size."""
+    model = _sharpen(_model("block"))
+    llm = LLM(model, device="cpu", max_model_len=300)
+    with pytest.raises(ValueError, match="context length 300"):
+        llm.generate([PROMPTS[0]], SamplingParams(max_tokens=296))
+    long = list(range(3, 203))  # 200-token prompt + 90 new tokens > the initial 256 slots
+    params = SamplingParams(max_tokens=90, tau=0.5, ignore_eos=True)
+    out = llm.generate([PROMPTS[0], long], params)
+    assert out[1].token_ids == reference_generate(model, long, params)
+    assert llm.engine.runner.cache.capacity >= 290

@@ -88,8 +88,9 @@ class Engine:
         self.model = model.eval()
         self.config = model.config
         self.tokenizer = tokenizer
-        capacity = max_model_len or self.config.max_seq_len
-        self.runner = ModelRunner(model, max_batch_size, capacity)
+        self.max_model_len = max_model_len or self.config.max_seq_len
+        # the cache starts small and grows (keeping its contents) as requests need more slots
+        self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256))
         self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check)
         self.stats = EngineStats()
         self.policies = {name: cls() for name, cls in POLICIES.items()}
@@ -102,10 +103,11 @@ class Engine:
         if request_id is None:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         need = len(prompt_ids) + params.max_tokens
-        if need > self.runner.cache.capacity:
+        if need > self.max_model_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds the context length "
-                             f"{self.runner.cache.capacity}")
+                             f"{self.max_model_len}")
+        self.runner.ensure_capacity(need)
         r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
         if params.seed is not None and params.temperature > 0:
             r.generator = torch.Generator().manual_seed(params.seed)
@@ -264,12 +266,10 @@ class LLM:
         params_list = params
         if len(params_list) != len(ids):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(ids)} prompts")
-        self.engine.runner.ensure_capacity(max(len(p) + q.max_tokens
-                                               for p, q in zip(ids, params_list, strict=True)))
         requests = [self.engine.add_request(p, q) for p, q in zip(ids, params_list, strict=True)]
         while self.engine.has_unfinished():
             self.engine.step()
-        return [self._output(r) for r in requests]
+        return [self.output(r) for r in requests]
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,
              tools: list[dict] | None = None) -> list[RequestOutput]:
@@ -303,7 +303,8 @@ class LLM:
             return [self.tokenizer.encode(p) for p in prompts]
         return [list(p) for p in prompts]
 
-    def _output(self, r: Request) -> RequestOutput:
+    def output(self, r: Request) -> RequestOutput:
+        """The caller's view of a finished request."""
         stop_ids = self.engine.scheduler.stop_ids | set(r.params.stop_token_ids)
         ids = r.output_ids(stop_ids)
         text = r.text

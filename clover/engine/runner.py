@@ -37,10 +37,19 @@ class ModelRunner:
         self.cache = KVCache(self.config, max_batch_size, capacity, self.device, self.dtype)
 
     def ensure_capacity(self, capacity: int) -> None:
-        """Grow the cache (only between generations, when no row holds state)."""
-        if capacity > self.cache.capacity:
-            self.cache = KVCache(self.config, self.max_batch_size, capacity, self.device,
-                                 self.dtype)
+        """Grow every row's slot count to at least `capacity`, keeping what is cached."""
+        if capacity <= self.cache.capacity:
+            return
+        old = self.cache
+        new = KVCache(self.config, self.max_batch_size, capacity, self.device, self.dtype)
+        for dst, src in ((new.k, old.k), (new.v, old.v)):
+            for d, s in zip(dst, src, strict=True):
+                d[:, :, :old.capacity] = s
+        new.pos_BS[:, :old.capacity] = old.pos_BS
+        new.valid_BS[:, :old.capacity] = old.valid_BS
+        new.length_B.copy_(old.length_B)
+        new.end = old.end
+        self.cache = new
 
     def release(self, rows: list[int]) -> None:
         if rows:

@@ -1,0 +1,159 @@
+"""`clover demo airspace`: the diffusion model and its AR twin on the same messages, side by side.
+
+Loads both model directories, warms each up, runs the agent (clover.tasks.airspace.agent) on the
+same messages with each, one after the other in one process, scores both with the task's scorer,
+prints one table with the measured speed ratio, and writes `report.json` and the 3D map page.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clover.engine import LLM, SamplingParams
+from clover.tasks.airspace import generate_examples, load_messages_jsonl, score
+from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
+from clover.tasks.airspace.scorer import match_zones
+
+DEFAULT_MODEL = "models/clover-tiny"
+DEFAULT_BASELINE = "models/clover-tiny-ar"
+
+
+@dataclass(kw_only=True)
+class DemoConfig:
+    model: str = DEFAULT_MODEL
+    baseline: str = DEFAULT_BASELINE
+    n: int = 20
+    seed: int = 0
+    split: str = "test"
+    messages: str | None = None
+    out: str = "runs/demo"
+    policy: str = "threshold"
+    tau: float = 0.9
+    max_tokens: int = 384
+    max_turns: int = 2
+    device: str = "auto"
+    dtype: str = "auto"
+    map: bool = True
+
+
+def _examples(cfg: DemoConfig) -> list:
+    if cfg.messages:
+        return load_messages_jsonl(cfg.messages)[:cfg.n]
+    return generate_examples(cfg.split, cfg.n, cfg.seed)
+
+
+def _has_truth(cfg: DemoConfig, examples: list) -> bool:
+    return not cfg.messages or any(e.zones or e.cancels for e in examples)
+
+
+def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int) -> AgentRun:
+    run_agent(llm, examples[:2], params.replace(max_tokens=min(params.max_tokens, 64)),
+              max_turns=1)  # warm-up: allocations, kernels, caches
+    return run_agent(llm, examples, params, max_turns=max_turns)
+
+
+def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[str, Any]:
+    row = {"model": name, "path": path, "full_task_s": round(run.full_task_s, 3),
+           "first_usable_s": None if run.first_usable_s is None else round(run.first_usable_s, 3),
+           "tps": round(run.tps, 1), "tpf": round(run.tpf, 3), "forwards": run.forwards,
+           "request_forwards": run.request_forwards, "generated_tokens": run.generated_tokens,
+           "engine": run.engine_stats}
+    if scores is not None:
+        row.update({k: scores[k] for k in ("zone_f1", "zone_precision", "zone_recall",
+                                           "exact_message_accuracy", "tool_call_validity")})
+    return row
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
+        if not Path(path, "config.json").is_file():
+            raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
+                             f"with `clover train` or pass another directory")
+    examples = _examples(cfg)
+    params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens)
+    rows, runs = [], {}
+    for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
+        llm = LLM(path, device=cfg.device, dtype=cfg.dtype)
+        run = run_one(llm, examples, params, cfg.max_turns)
+        scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
+        runs[name] = run
+        rows.append(summarise(name, path, run, scores))
+        del llm
+    report = _report(cfg, rows)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.map:
+        report["map"] = str(_write_map(runs["diffusion"], out / "map.html", cfg.model))
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    report["report"] = str(out / "report.json")
+    return report
+
+
+def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
+    dllm, ar = rows
+    ratio = ar["full_task_s"] / dllm["full_task_s"] if dllm["full_task_s"] else None
+    return {"demo": "airspace", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "hardware": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "messages": cfg.messages or
+            f"{cfg.split} split, n={cfg.n}, seed={cfg.seed}",
+            "settings": {"policy": cfg.policy, "tau": cfg.tau, "max_tokens": cfg.max_tokens,
+                         "max_turns": cfg.max_turns, "device": cfg.device, "dtype": cfg.dtype},
+            "rows": rows, "speed_ratio_full_task": None if ratio is None else round(ratio, 2)}
+
+
+def _write_map(run: AgentRun, path: Path, model: str) -> Path | None:
+    try:
+        from clover.tasks.airspace.mappage import write_map
+    except ImportError:
+        return None
+    return write_map(map_messages(run, model), path)
+
+
+def map_messages(run: AgentRun, model: str) -> list[dict]:
+    """Per message: truth zones, the model's zones, and which of the model's zones are right."""
+    out = []
+    for m in run.messages:
+        preds = list(m.registry.zones.values())
+        correct = [False] * len(preds)
+        for i, _, errs in match_zones(preds, list(m.example.zones)):
+            correct[i] = not errs
+        out.append({"id": m.example.id, "text": m.example.text, "model": model,
+                    "truth": [z.to_dict() for z in m.example.zones],
+                    "pred": [z.to_dict() for z in preds], "pred_correct": correct})
+    return out
+
+
+def render_table(report: dict[str, Any]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = report["rows"]
+    table = Table(title=f"clover demo airspace ({report['messages']}; {report['hardware']}, "
+                        f"{report['threads']} threads)")
+    table.add_column("")
+    for r in rows:
+        table.add_column(r["model"], justify="right")
+    fields = [("full task time (s)", "full_task_s"), ("first usable result (s)", "first_usable_s"),
+              ("TPS", "tps"), ("TPF", "tpf"), ("forwards (batched)", "forwards"),
+              ("zone F1", "zone_f1"), ("exact-message accuracy", "exact_message_accuracy"),
+              ("tool-call validity", "tool_call_validity")]
+    for label, key in fields:
+        table.add_row(label, *(_fmt(r.get(key)) for r in rows))
+    console = Console(record=True, width=100)
+    with console.capture() as cap:
+        console.print(table)
+    ratio = report["speed_ratio_full_task"]
+    return cap.get() + f"speed ratio (AR full task time / diffusion): {ratio}x\n"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
