@@ -93,15 +93,16 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
 
 
 def _execute(run: MessageRun, request: Request, tok) -> bool | None:
-    """Parse one finished turn and execute its calls. True if a valid call ran, None if the turn
-    made no call (the conversation is over), False if it only made invalid calls."""
+    """Parse one finished turn and execute its calls. True if a valid call ran, False if only
+    invalid ones did, None if the turn made no readable call (the conversation is over; broken
+    calls are kept in `errors`)."""
     run.turns += 1
     text = request.text or tok.decode(request.output_ids({tok.eos_token_id}),
                                       skip_special_tokens=False)
     parsed = parse_tool_calls(text)
     run.errors += parsed.errors
     if not parsed.tool_calls:
-        return None if not parsed.errors else False
+        return None
     results = []
     for tool_call in parsed.tool_calls:
         fn = tool_call["function"]
