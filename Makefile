@@ -26,7 +26,9 @@ test: setup lint
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/clover demo
+	if [ -f models/clover-tiny/config.json ]; then $(VENV)/bin/clover demo airspace; \
+	else echo "models/clover-tiny not shipped yet: running the core demo"; \
+	$(VENV)/bin/clover demo core; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
