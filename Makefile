@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint clean
+.PHONY: setup test demo serve lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,18 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[serve,grammar,dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) browser-deps
+
+# chromium + chromedriver (map page browser test) and web/node_modules (map page libraries)
+.PHONY: browser-deps
+browser-deps:
+	bash scripts/install_browser_deps.sh
+
+serve: setup
+	$(VENV)/bin/clover serve
 
 lint: setup
-	$(VENV)/bin/ruff check clover tests
+	$(VENV)/bin/ruff check clover tests benchmarks
 
 test: setup lint
 	$(PY) -m pytest -q

@@ -93,8 +93,9 @@ def main() -> None:
             results.append({"setting": name, "batch": batch, **row})
     floor_ms = bare_forward_ms(ar, args.prompt_len)
     _print(results, floor_ms)
+    device = str(llms["block"].engine.runner.device)
     print(json.dumps({"bench": "engine", "hardware": platform.processor() or platform.machine(),
-                      "threads": torch.get_num_threads(), "device": str(llms["block"].engine.runner.device),
+                      "threads": torch.get_num_threads(), "device": device,
                       "model": "clover-tiny (random weights)", "max_tokens": args.max_tokens,
                       "prompt_len": args.prompt_len, "ar_bare_forward_ms": round(floor_ms, 3),
                       "results": results}))

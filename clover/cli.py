@@ -99,11 +99,27 @@ def _add_engine(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    try:
+        from clover.server.cli import register
+    except ImportError:  # the `serve` extra (fastapi, uvicorn) is not installed
+        return
+    register(sub)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from clover.train.cli import register
+
+    register(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "inspect": _add_inspect,
     "demo": _add_demo,
     "tasks": _add_tasks,  # data / score
     "engine": _add_engine,  # generate / chat
+    "serve": _add_serve,  # OpenAI-compatible HTTP server
+    "train": _add_train,
 }
 
 

@@ -5,7 +5,9 @@ proposals are drawn) and the scheduler calls `after_commit` after the policy's c
 EOS fill, before deciding whether the block is complete. The frontier is the first generated
 position not yet verified; only the contiguous committed run starting there is checked. A block
 completes (and enters the exact KV cache) only when it has no masks left, so every token that
-reaches the cache has been verified.
+reaches the cache has been verified. `after_commit` may append forced tokens past the block's
+aligned end (jump-forward, never beyond prompt + max_tokens); the scheduler handles an unaligned
+sequence end as it does for prompts.
 """
 
 from __future__ import annotations

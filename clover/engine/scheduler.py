@@ -147,6 +147,8 @@ class Scheduler:
             self._eos_fill(r)
             if r.constraint is not None:
                 self._check_constraint(r)
+                stop_ids = self.stop_ids | set(r.params.stop_token_ids)
+                r.eos_seen = any(t in stop_ids for t in r.block)
             if r.mask_id not in r.block:
                 self._complete_block(r)
             if r.finished:

@@ -64,3 +64,32 @@ def ar_loss(logits_BLV: Tensor, ids_BL: Tensor, loss_mask_BL: Tensor | None = No
         return ce_BL.mean()
     keep = loss_mask_BL[:, 1:].to(ce_BL.dtype)
     return (ce_BL * keep).sum() / keep.sum().clamp_min(1.0)
+
+
+def sample_block_t(pos_BL: Tensor, block_size: int, *, eps: float = 1e-3,
+                   gen: torch.Generator | None = None) -> Tensor:
+    """One noise level per block (block = pos // block_size), broadcast to its positions: [B, L].
+
+    Block diffusion (BD3-LM) trains every block at its own level, as decoding meets them.
+    """
+    block_BL = torch.div(pos_BL, block_size, rounding_mode="floor")
+    num_blocks = int(block_BL.max()) + 1 if block_BL.numel() else 1
+    t_BN = sample_t(pos_BL.shape[0] * num_blocks, eps=eps, gen=gen, device=pos_BL.device)
+    return t_BN.view(-1, num_blocks).gather(1, block_BL)
+
+
+def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int) -> Tensor:
+    """Attention mask for the vectorised block-diffusion layout [clean x_0 (L), noisy x_t (M)].
+
+    A clean token sees clean tokens of its own and earlier blocks; a noisy token sees noisy tokens
+    of its own block and clean tokens of strictly earlier blocks. So one forward gives every noisy
+    block the context it has when decoded: finished blocks exact, its own block noised.
+    Returns [B, L + M, L + M].
+    """
+    blk_c = torch.div(pos_BL, block_size, rounding_mode="floor")
+    blk_n = torch.div(noisy_pos_BM, block_size, rounding_mode="floor")
+    cc = blk_c[:, None, :] <= blk_c[:, :, None]
+    cn = torch.zeros(*blk_c.shape, blk_n.shape[1], dtype=torch.bool, device=pos_BL.device)
+    nc = blk_c[:, None, :] < blk_n[:, :, None]
+    nn_ = blk_n[:, None, :] == blk_n[:, :, None]
+    return torch.cat([torch.cat([cc, cn], 2), torch.cat([nc, nn_], 2)], 1)

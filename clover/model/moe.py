@@ -132,7 +132,7 @@ def grouped_experts(experts: Experts, x_ND: Tensor, experts_NK: Tensor,
     y_sorted = torch.cat(outs) if outs else x_sorted[:0]
     y_sorted = y_sorted * weights_NK.reshape(-1)[order, None].to(y_sorted.dtype)
     out_ND = torch.zeros_like(x_ND)
-    return out_ND.index_add_(0, token_of, y_sorted)
+    return out_ND.index_add_(0, token_of, y_sorted.to(out_ND.dtype))
 
 
 def load_balance(route: RouterOutput, num_experts: int,

@@ -1,0 +1,122 @@
+"""Grammar benchmark: the airspace test split as chat with tools, with and without the grammar.
+
+For each threshold tau, decodes every test prompt twice (free, and constrained by the tool-call
+grammar) and reports tool-call validity (scorer), parse errors (`parse_tool_calls`), zone F1,
+TPF, and where the time went (model / policy / grammar / other, from `Engine.stats`). With
+`--model DIR` it loads a trained model directory; if DIR is missing it falls back to a random
+`tiny` model (with clover-tiny's vocabulary and block size) and a tokenizer trained in-process,
+which measures the grammar's cost only: quality numbers from random weights mean nothing.
+Prints a table, then one JSON line.
+
+    python benchmarks/grammar_bench.py [--model models/clover-tiny] [--n 20] [--tau 0.5 0.7 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from clover.config import get_preset
+from clover.engine import LLM, SamplingParams
+from clover.engine.llm import EngineStats
+from clover.model import build_model
+from clover.tasks.airspace import (
+    SYSTEM_PROMPT,
+    TOOLS,
+    assistant_text,
+    generate_examples,
+    score,
+)
+from clover.tokenizer import parse_tool_calls, train_tokenizer
+
+
+def load_llm(model: str | None, device: str) -> tuple[LLM, str]:
+    if model and Path(model).is_dir():
+        return LLM(model, device=device), model
+    train = generate_examples("train", 400, seed=1)
+    texts = [e.text for e in train] + [assistant_text(e.calls) for e in train]
+    tok = train_tokenizer(texts + [SYSTEM_PROMPT, json.dumps(TOOLS)], vocab_size=2048)
+    cfg = get_preset("tiny", vocab_size=2048, max_seq_len=2048, block_size=32)
+    return LLM(build_model(cfg, seed=0), tokenizer=tok, device=device), "tiny (random weights)"
+
+
+def run(llm: LLM, examples, params: SamplingParams) -> dict:
+    convs = [e.messages(tools=True)[:-1] for e in examples]  # drop the gold assistant turn
+    llm.engine.stats = EngineStats()
+    t0 = time.perf_counter()
+    outs = llm.chat(convs, params, tools=TOOLS)
+    wall = time.perf_counter() - t0
+    stats = llm.engine.stats.as_dict()
+    s = score([o.text for o in outs], examples)
+    parse_errors = sum(len(parse_tool_calls(o.text).errors) for o in outs)
+    spent = stats["model_s"] + stats["policy_s"] + stats["grammar_s"] + stats["other_s"]
+    return {"tpf": stats["tpf"], "forwards": stats["forwards"],
+            "tokens": stats["generated_tokens"], "wall_s": round(wall, 3),
+            "model_s": stats["model_s"], "policy_s": stats["policy_s"],
+            "grammar_s": stats["grammar_s"], "other_s": stats["other_s"],
+            "grammar_share": round(stats["grammar_s"] / spent, 4) if spent else 0.0,
+            "grammar_ms_per_step": round(1000 * stats["grammar_s"] / max(stats["steps"], 1), 3),
+            "tool_call_validity": round(s["tool_call_validity"], 4),
+            "num_calls": s["num_calls"], "num_invalid_calls": s["num_invalid_calls"],
+            "parse_errors": parse_errors, "zone_f1": round(s["zone_f1"], 4),
+            "finished_stop": sum(o.finish_reason in ("stop", "tool_calls") for o in outs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/clover-tiny",
+                    help="trained model directory (falls back to random weights if missing)")
+    ap.add_argument("--n", type=int, default=20, help="test-split examples")
+    ap.add_argument("--tau", type=float, nargs="+", default=[0.5, 0.7, 0.9])
+    ap.add_argument("--tool-choice", default="auto", choices=["auto", "required"])
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    llm, name = load_llm(args.model, args.device)
+    examples = generate_examples("test", args.n)
+    structured = {"tools": TOOLS, "tool_choice": args.tool_choice}
+    for warm in (None, structured):  # warm-up at full batch; the grammar is compiled once
+        run(llm, examples, SamplingParams(max_tokens=32, structured=warm))
+    results = []
+    for tau in args.tau:
+        for grammar in (False, True):
+            params = SamplingParams(max_tokens=args.max_tokens, policy="threshold", tau=tau,
+                                    structured=structured if grammar else None)
+            results.append({"tau": tau, "grammar": grammar, **run(llm, examples, params)})
+    _print(results, name)
+    print(json.dumps({"bench": "grammar", "hardware": platform.processor() or platform.machine(),
+                      "threads": torch.get_num_threads(),
+                      "device": str(llm.engine.runner.device), "model": name,
+                      "examples": args.n, "split": "test", "tool_choice": args.tool_choice,
+                      "max_tokens": args.max_tokens, "results": results}))
+
+
+def _print(results: list[dict], name: str) -> None:
+    table = Table(title=f"grammar benchmark: airspace test split, {name}")
+    for col in ("tau", "grammar", "valid calls", "calls", "parse err", "zone F1", "TPF",
+                "done", "wall s", "model s", "policy s", "grammar s", "grammar ms/step",
+                "grammar share"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['tau']:.1f}", "yes" if r["grammar"] else "no",
+                      f"{100 * r['tool_call_validity']:.0f}%", str(r["num_calls"]),
+                      str(r["parse_errors"]), f"{r['zone_f1']:.3f}", f"{r['tpf']:.2f}",
+                      str(r["finished_stop"]), f"{r['wall_s']:.2f}", f"{r['model_s']:.2f}",
+                      f"{r['policy_s']:.2f}", f"{r['grammar_s']:.3f}",
+                      f"{r['grammar_ms_per_step']:.2f}",
+                      f"{100 * r['grammar_share']:.1f}%")
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Tiny model directories and scripted models for server tests and the load benchmark.
+
+`build_tiny_model_dir` writes a random `tiny` model with a small trained tokenizer (seconds, no
+downloads). `ScriptedModel` is that model with a rigged output layer: positions listed in its
+`script` (absolute position -> token id) get that token with near-certainty, so a test can make a
+random model emit an exact answer (a tool call, say) through the real engine and server. It is
+for tests only; nothing in the server imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from clover.config import get_preset
+from clover.model import CloverModel, build_model
+
+SAMPLE_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    'Call get_weather with {"city": "Paris", "unit": "celsius"} and report the answer.',
+    "Drone no-fly zone: radius 5 NM around the airport, surface to 3000 ft, 0600-1800 UTC.",
+    "Hello! How can I help you today? The weather in Paris is sunny and 21 degrees.",
+    '{"name": "draw_zone", "arguments": {"lat": 48.85, "lon": 2.35, "radius_km": 9.3}}',
+]
+
+
+def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.0) -> Path:
+    """A `tiny` preset model (random weights, lm_head scaled by `sharpen` so greedy decoding is
+    confident and stable) saved with a 512-token tokenizer at `path`."""
+    from clover.checkpoint import save
+    from clover.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(SAMPLE_TEXTS * 20, vocab_size=512)
+    model = build_model(get_preset("tiny"), seed=seed).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return save(model, tok, path)
+
+
+class ScriptedModel(CloverModel):
+    """A CloverModel whose logits obey `script` where it has an entry; `delay_s` slows every
+    forward (to hold batch rows busy in tests)."""
+
+    script: dict[int, int]
+    delay_s: float
+
+    @classmethod
+    def wrap(cls, model: CloverModel) -> ScriptedModel:
+        model.__class__ = cls
+        model.script, model.delay_s = {}, 0.0
+        return model
+
+    def forward(self, ids_BL, pos_BL=None, **kw):
+        out = super().forward(ids_BL, pos_BL, **kw)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if not self.script or pos_BL is None or kw.get("logits_mask_BL") is None:
+            return out
+        shift = 1 if self.config.attention == "causal" or self.config.shift_logits else 0
+        target_N = (pos_BL[kw["logits_mask_BL"]] + shift).tolist()
+        for n, p in enumerate(target_N):
+            if p in self.script:
+                out.logits[n] = -30.0
+                out.logits[n, self.script[p]] = 30.0
+        return out

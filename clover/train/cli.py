@@ -1,0 +1,46 @@
+"""`clover train`: run a named recipe (flags map one-to-one to `RunArgs` fields).
+
+Works the same under `torchrun --nproc-per-node N -m clover.cli train ...` (DDP, rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from clover.train.loop import DistEnv
+from clover.train.recipes import RECIPES, RunArgs, run_recipe
+
+
+def _train(args: argparse.Namespace) -> int:
+    summary = run_recipe(RunArgs(
+        recipe=args.recipe, attention=args.attention, init_from=args.init_from, out=args.out,
+        work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
+        device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
+        progress=not args.no_progress))
+    if DistEnv.from_environ().is_main:
+        print(json.dumps(summary))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a model with a named recipe (resumable, DDP)")
+    p.add_argument("--recipe", default="airspace-tiny", choices=sorted(RECIPES))
+    p.add_argument("--attention", default="block", choices=["block", "causal", "full"],
+                   help="block: the dLLM; causal: its AR twin")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from this model directory's weights (e.g. the AR model)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="final model directory (default models/<preset name>)")
+    p.add_argument("--work-dir", default=None, metavar="DIR",
+                   help="checkpoints, tokenizer and log.jsonl (default runs/train/<out name>)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: recipe's)")
+    p.add_argument("--batch-size", type=int, default=None, help="global examples per step")
+    p.add_argument("--resume", action="store_true", help="continue from the work dir checkpoint")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")
+    p.add_argument("--eval-examples", type=int, default=None,
+                   help="validation examples decoded and scored at the end (0: skip)")
+    p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
+    p.set_defaults(func=_train)

@@ -1,0 +1,269 @@
+"""Training objectives: one per attention mode, each returning a loss *sum* over the batch.
+
+`block`: masked block diffusion. Every block is noised at its own level and predicted from its
+clean earlier blocks plus its own noised copy; `block_diffusion` does all blocks in one forward
+(clean x_0 and noisy x_t side by side with a custom mask), `block_diffusion_reference` one block
+at a time with the model's own block mask, and a test keeps them equal. `full`: masked diffusion
+over the whole sequence. `causal`: next-token loss. Sums (not means) let the loop normalise by the
+target count of the whole global batch, so gradient accumulation and DDP give the same update as
+one big batch. Noise is drawn per row from the row's own seed, independent of batch composition.
+"""
+
+# Shapes: B batch, L length, M noisy columns, V vocab, N selected positions
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from clover.config import ModelConfig
+from clover.model.diffusion import noisy_clean_visibility
+from clover.model.moe import MoEStats
+from clover.model.transformer import KVCache
+from clover.train.data import Batch
+
+
+@dataclass
+class Noise:
+    xt_BL: Tensor  # x_t: targets replaced by the mask token where masked
+    masked_BL: Tensor
+    t_BL: Tensor  # noise level of each position (per block for block models)
+
+
+@dataclass
+class LossOutput:
+    loss_sum: Tensor  # sum over targets of the (1/t-weighted) cross-entropy
+    moe: MoEStats | None
+
+
+def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
+    """Per row: t (one per block for `block`, one per row for `full`), then a mask draw per token.
+
+    Each row uses its own generator (seed_B), drawing a count that depends only on the row's own
+    length, so the same example at the same step gets the same noise in any batch or process.
+    """
+    B, L = batch.ids_BL.shape
+    per_block = config.attention == "block"
+    t_BL = torch.ones(B, L)
+    u_BL = torch.ones(B, L)  # padding never masked
+    for b in range(B):
+        n = int(batch.length_B[b])
+        gen = torch.Generator().manual_seed(int(batch.seed_B[b]))
+        num_levels = -(-n // config.block_size) if per_block else 1
+        t_K = eps + (1 - eps) * torch.rand(num_levels, generator=gen)
+        t_row = t_K.repeat_interleave(config.block_size)[:L] if per_block else t_K.expand(L)
+        t_BL[b, :t_row.numel()] = t_row
+        u_BL[b, :n] = torch.rand(n, generator=gen)
+    device = batch.ids_BL.device
+    t_BL, u_BL = t_BL.to(device), u_BL.to(device)
+    masked_BL = (u_BL < t_BL) & batch.target_BL
+    xt_BL = torch.where(masked_BL, config.mask_id, batch.ids_BL)
+    return Noise(xt_BL, masked_BL, t_BL)
+
+
+def weighted_ce_sum(logits_NV: Tensor, targets_N: Tensor, weight_N: Tensor) -> Tensor:
+    """sum_n weight_n * -log p(target_n); fp32 whatever the logits dtype."""
+    ce_N = F.cross_entropy(logits_NV.float(), targets_N, reduction="none")
+    return (ce_N * weight_N).sum()
+
+
+def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise) -> Tensor:
+    """Loss for logits taken where src_BS >= 0; src holds the flat index of the target predicted."""
+    flat = src_BS[src_BS >= 0]
+    targets_N = batch.ids_BL.reshape(-1)[flat]
+    return weighted_ce_sum(logits_NV, targets_N, 1.0 / noise.t_BL.reshape(-1)[flat])
+
+
+def _flat_index(masked_BL: Tensor) -> Tensor:
+    B, L = masked_BL.shape
+    return torch.arange(B * L, device=masked_BL.device).view(B, L)
+
+
+# ---- block diffusion ----------------------------------------------------------------------------
+
+def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
+                    share_prefix: bool = True) -> LossOutput:
+    """All blocks in one forward over [x_0 (L columns), x_t of the blocks holding a mask (M)].
+
+    Noisy copies of blocks with no masked token anywhere in the batch are left out: nothing reads
+    them. With shifted logits, target i is read at i - 1: the noisy copy when i - 1 is in the same
+    block, else the clean copy (the last token of the finished block before it). A context prefix
+    common to every row (SFT system prompt and tools) is run once and shared through a KV cache.
+    """
+    P = shared_prefix_len(batch, config) if share_prefix else 0
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P)
+    B, L = batch.ids_BL.shape
+    bs = config.block_size
+    blk_L = batch.pos_BL[0] // bs
+    noisy_blocks = torch.unique(blk_L[noise.masked_BL.any(0)])
+    keep_L = torch.isin(blk_L, noisy_blocks)
+    noisy_col_L = L + torch.cumsum(keep_L, 0) - 1  # column of each kept position's noisy copy
+    ids = torch.cat([batch.ids_BL, noise.xt_BL[:, keep_L]], 1)
+    pos = torch.cat([batch.pos_BL, batch.pos_BL[:, keep_L]], 1)
+    valid = torch.cat([batch.valid_BL, batch.valid_BL[:, keep_L]], 1)
+    attn = noisy_clean_visibility(batch.pos_BL, batch.pos_BL[:, keep_L], bs)
+    src_BS = torch.full_like(ids, -1)
+    b_N, i_N = noise.masked_BL.nonzero(as_tuple=True)
+    col_N = noisy_col_L[i_N]
+    if config.shift_logits:
+        same_block = (batch.pos_BL[b_N, i_N] % bs) != 0
+        col_N = torch.where(same_block, noisy_col_L[i_N - 1], i_N - 1)
+    src_BS[b_N, col_N] = _flat_index(noise.masked_BL)[b_N, i_N]
+    if cache is not None:  # every new token sees the whole prefix (earlier blocks)
+        attn = torch.cat([attn.new_ones(B, attn.shape[1], P), attn], 2)[:, :, :_cache_end(P, valid)]
+    out = model(ids, pos, cache=cache, valid_BL=valid, logits_mask_BL=src_BS >= 0,
+                attn_mask_BLS=attn)
+    moe = _merge_moe(prefix_moe, P, out.moe, int(valid.sum()))
+    return LossOutput(_selected_loss(out.logits, src_BS, batch, noise), moe)
+
+
+def block_diffusion_reference(model: nn.Module, config: ModelConfig, batch: Batch,
+                              noise: Noise) -> LossOutput:
+    """Slow and obvious: for each block k, run [x_0 of blocks < k, x_t of block k] with the
+    model's own block-causal mask and score block k's masked positions."""
+    bs = config.block_size
+    shift = int(config.shift_logits)
+    total = batch.ids_BL.new_zeros((), dtype=torch.float32)
+    for start in range(0, batch.ids_BL.shape[1], bs):
+        end = start + bs
+        ids = torch.cat([batch.ids_BL[:, :start], noise.xt_BL[:, start:end]], 1)
+        logits_BLV = model(ids, batch.pos_BL[:, :end], valid_BL=batch.valid_BL[:, :end]).logits
+        for b, i in noise.masked_BL[:, start:end].nonzero().tolist():
+            j = start + i
+            total = total + weighted_ce_sum(logits_BLV[b, j - shift][None],
+                                            batch.ids_BL[b, j][None], 1.0 / noise.t_BL[b, j][None])
+    return LossOutput(total, None)
+
+
+# ---- full-sequence diffusion and AR -------------------------------------------------------------
+
+def full_diffusion(model: nn.Module, config: ModelConfig, batch: Batch,
+                   noise: Noise) -> LossOutput:
+    """Masked diffusion over the whole sequence (LLaDA / Dream); shifted logits read i - 1."""
+    shift = int(config.shift_logits)
+    src_BL = torch.full_like(batch.ids_BL, -1)
+    b_N, i_N = noise.masked_BL.nonzero(as_tuple=True)
+    src_BL[b_N, i_N - shift] = _flat_index(noise.masked_BL)[b_N, i_N]
+    out = model(noise.xt_BL, batch.pos_BL, valid_BL=batch.valid_BL, logits_mask_BL=src_BL >= 0)
+    return LossOutput(_selected_loss(out.logits, src_BL, batch, noise), out.moe)
+
+
+def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
+           share_prefix: bool = True) -> LossOutput:
+    """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise)."""
+    P = shared_prefix_len(batch, config) if share_prefix else 0
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P)
+    src_BL = torch.full_like(batch.ids_BL, -1)
+    b_N, i_N = batch.target_BL.nonzero(as_tuple=True)
+    assert bool((i_N > 0).all()), "causal targets need their previous token in the batch"
+    src_BL[b_N, i_N - 1] = _flat_index(batch.target_BL)[b_N, i_N]
+    out = model(batch.ids_BL, batch.pos_BL, cache=cache, valid_BL=batch.valid_BL,
+                logits_mask_BL=src_BL >= 0)
+    moe = _merge_moe(prefix_moe, P, out.moe, batch.num_tokens)
+    return LossOutput(_selected_loss(out.logits, src_BL, batch, noise), moe)
+
+
+# ---- shared context prefix ---------------------------------------------------------------------
+
+def shared_prefix_len(batch: Batch, config: ModelConfig) -> int:
+    """Length of the context prefix every row shares, cut to a block boundary (0: none).
+
+    It holds no target and, when token i is read at i - 1, not the token before the first target.
+    `full` attention lets the prefix see the rest of the row, so nothing is shared there.
+    """
+    if config.attention == "full" or batch.ids_BL.shape[0] < 2:
+        return 0
+    ids = batch.ids_BL
+    same_L = (ids == ids[:1]).all(0) & batch.valid_BL.all(0)
+    n = int(same_L.int().cumprod(0).sum())
+    first = int(batch.target_BL.any(0).int().argmax()) - first_target(config)
+    n = min(n, first)
+    return max(n, 0) // config.block_size * config.block_size
+
+
+def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int):
+    """Run the first P tokens once (row 0) and return (cache holding their keys and values for
+    every row, with gradient; prefix MoE stats; the batch and noise from position P on)."""
+    if P == 0:
+        return None, None, batch, noise
+    B, L = batch.ids_BL.shape
+    device = batch.ids_BL.device
+    one = KVCache(config, 1, P, device=device)
+    out = model(batch.ids_BL[:1, :P], batch.pos_BL[:1, :P], cache=one,
+                logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
+    cache = KVCache(config, B, 2 * L, device=device)  # room for clean + noisy copies
+    for layer in range(config.num_layers):
+        cache.k[layer] = _spread(one.k[layer], B, 2 * L - P)
+        cache.v[layer] = _spread(one.v[layer], B, 2 * L - P)
+    cache.pos_BS[:, :P] = batch.pos_BL[:1, :P]
+    cache.valid_BS[:, :P] = True
+    cache.length_B[:] = P
+    cache.end = P
+    rest = Batch(*(x[:, P:] if x.ndim == 2 else x for x in _fields(batch)))
+    rest.length_B = batch.length_B - P
+    tail = Noise(noise.xt_BL[:, P:], noise.masked_BL[:, P:], noise.t_BL[:, P:])
+    return cache, out.moe, rest, tail
+
+
+def _spread(kv_1GPD: Tensor, B: int, room: int) -> Tensor:
+    """The prefix's keys for every row, followed by empty slots (a new tensor: autograd-safe)."""
+    free = kv_1GPD.new_zeros(B, kv_1GPD.shape[1], room, kv_1GPD.shape[3])
+    return torch.cat([kv_1GPD.expand(B, -1, -1, -1), free], 2)
+
+
+def _fields(batch: Batch) -> list[Tensor]:
+    return [getattr(batch, f) for f in batch.__dataclass_fields__]
+
+
+def _cache_end(P: int, valid_BS: Tensor) -> int:
+    """Slots attention reads after writing the new tokens: up to the last valid one."""
+    cols = valid_BS.any(0).nonzero()
+    return P + (int(cols.max()) + 1 if cols.numel() else 0)
+
+
+def _merge_moe(prefix: MoEStats | None, n_prefix: int, rest: MoEStats | None,
+               n_rest: int) -> MoEStats | None:
+    """Routing stats of the prefix forward and the main forward: counts add, aux is the
+    token-weighted mean."""
+    if prefix is None or rest is None:
+        return rest
+    aux = (prefix.aux_loss * n_prefix + rest.aux_loss * n_rest) / max(n_prefix + n_rest, 1)
+    return MoEStats(aux_loss=aux, counts_LE=prefix.counts_LE + rest.counts_LE)
+
+
+Objective = Callable[[nn.Module, ModelConfig, Batch, Noise], LossOutput]
+
+OBJECTIVES: dict[str, Objective] = {
+    "block": block_diffusion,
+    "full": full_diffusion,
+    "causal": causal,
+}
+
+
+class ObjectiveModule(nn.Module):
+    """A model and its objective as one module: DDP then sees one forward per backward, however
+    many model calls the objective makes (shared prefix, reference loops)."""
+
+    def __init__(self, model: nn.Module, objective: Objective) -> None:
+        super().__init__()
+        self.model, self.objective = model, objective
+
+    def forward(self, batch: Batch, noise: Noise) -> LossOutput:
+        return self.objective(self.model, self.model.config, batch, noise)
+
+
+def batch_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
+    """Noise for the config's objective (causal models train on clean tokens, t = 1)."""
+    if config.attention == "causal":
+        ones = torch.ones_like(batch.ids_BL, dtype=torch.float32)
+        return Noise(batch.ids_BL, torch.zeros_like(batch.target_BL), ones)
+    return draw_noise(batch, config, eps)
+
+
+def first_target(config: ModelConfig) -> int:
+    """1 when token i is predicted from position i - 1 (AR, or shifted diffusion logits)."""
+    return 1 if config.attention == "causal" or config.shift_logits else 0

@@ -1,0 +1,296 @@
+"""Recipes: named, reproducible training runs that end in a shipped model directory.
+
+`airspace-tiny` trains `clover-tiny` (block diffusion) or `clover-tiny-ar` (causal) on the airspace
+task: a tokenizer from the task's training text (vocab = the preset's), SFT examples from the
+task's generator (prompt = chat template with tools, never masked; response = the assistant's
+tool calls + EOS), the loop in `clover.train.loop`, then `training.json` + README.md beside the
+weights. `--init-from` starts from another model directory's weights (AR-to-diffusion adaptation).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clover import checkpoint
+from clover.config import ModelConfig, get_preset
+from clover.model import CloverModel, build_model
+from clover.train.data import TokenExample, sft_example
+from clover.train.loop import DistEnv, TrainConfig, Trainer
+
+SPECIAL_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|eos|>")
+
+
+@dataclass(kw_only=True)
+class Recipe:
+    name: str
+    preset: str
+    steps: int
+    batch_size: int
+    micro_batch_size: int = 0
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    num_val: int = 48  # validation examples (loss with fixed noise)
+    num_eval: int = 16  # examples decoded and scored at the end (needs clover.engine)
+    eval_max_tokens: int = 640
+    tokenizer_examples: int = 3000  # training examples the tokenizer is trained on
+    description: str = ""
+
+
+RECIPES: dict[str, Recipe] = {
+    "airspace-tiny": Recipe(
+        name="airspace-tiny", preset="clover-tiny", steps=400, batch_size=8,
+        description="clover-tiny on the airspace task, ~1 h on 2 CPU cores"),
+}
+
+
+# ---- data ---------------------------------------------------------------------------------------
+
+def chat_texts(examples: list) -> list[str]:
+    """Full rendered-conversation text for tokenizer training, role markers removed."""
+    from clover.tasks.airspace import SYSTEM_PROMPT, TOOLS, assistant_text
+
+    tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in TOOLS)
+    texts = [SYSTEM_PROMPT + "\n<tools>\n" + tools + "\n</tools>"]
+    for ex in examples:
+        texts += [text for text, _ in ex.history] + [ex.text, assistant_text(ex.calls)]
+    return texts
+
+
+def build_tokenizer(vocab_size: int, num_examples: int, seed: int):
+    """Byte-level BPE trained on the task's training split (messages, tool calls, tools)."""
+    from clover.tasks.airspace import generate_examples
+    from clover.tokenizer import train_tokenizer
+
+    texts = chat_texts(generate_examples("train", num_examples, seed=10_000 + seed))
+    return train_tokenizer(texts, vocab_size=vocab_size)
+
+
+def airspace_sft(tokenizer, examples: list) -> list[TokenExample]:
+    """Prompt = chat template (system, tools, history, user) + `<|assistant|>`; response = the
+    assistant turn exactly as the template renders it (tool calls, then EOS)."""
+    from clover.tasks.airspace import TOOLS
+    from clover.tokenizer import render_chat
+
+    out = []
+    for ex in examples:
+        messages = ex.messages(tools=True)
+        prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True)
+        full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False)
+        assert full.startswith(prompt), "chat template: prompt is not a prefix of the chat"
+        out.append(sft_example(tokenizer.encode(prompt), tokenizer.encode(full[len(prompt):])))
+    return out
+
+
+def copy_consistency(tokenizer, examples: list) -> dict[str, Any]:
+    """Does each copied value (centre, zone id) tokenize the same in the message and in the JSON?
+
+    A value that splits differently in the two places forces the model to learn two spellings of
+    every copy. A value counts as the same when the tool call has token edges exactly at the
+    value's ends and that token run also occurs in the message's tokens.
+    """
+    checked = same = 0
+    bad: list[str] = []
+    for ex in examples:
+        message_ids = tokenizer.encode(ex.text)
+        for call in ex.calls:
+            for key in ("centre", "zone_id"):
+                value = call["arguments"].get(key)
+                if not isinstance(value, str) or value not in ex.text:
+                    continue
+                checked += 1
+                body = json.dumps(call["arguments"], ensure_ascii=False)
+                quoted = json.dumps(value, ensure_ascii=False)[1:-1]  # as spelled in the JSON
+                run = _token_run(tokenizer, body, body.index(quoted), len(quoted))
+                if run is not None and _contains(message_ids, run):
+                    same += 1
+                elif len(bad) < 5:
+                    bad.append(value)
+    return {"values_checked": checked, "same_tokens": same, "examples_differing": bad}
+
+
+def _token_run(tokenizer, text: str, start: int, length: int) -> list[int] | None:
+    """Token ids covering text[start:start + length] exactly, or None if no token edge is there."""
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    ids, spans = enc["input_ids"], enc["offset_mapping"]
+    first = [i for i, (a, _) in enumerate(spans) if a == start]
+    last = [i for i, (_, b) in enumerate(spans) if b == start + length]
+    if not first or not last or last[0] < first[0]:
+        return None
+    return ids[first[0]:last[0] + 1]
+
+
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    n = len(sub)
+    return any(seq[i:i + n] == sub for i in range(len(seq) - n + 1))
+
+
+# ---- model --------------------------------------------------------------------------------------
+
+def recipe_config(recipe: Recipe, attention: str) -> ModelConfig:
+    if attention == "causal":
+        return get_preset(recipe.preset, name=f"{recipe.preset}-ar", attention="causal",
+                          block_size=1)
+    return get_preset(recipe.preset, attention=attention)
+
+
+def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverModel:
+    """Fresh weights, or another model directory's (shapes must match; attention may differ)."""
+    model = build_model(config, seed=seed)
+    if init_from:
+        source = checkpoint.load_model(init_from)
+        mismatched = [k for k, v in source.state_dict().items()
+                      if model.state_dict()[k].shape != v.shape]
+        if mismatched:
+            raise ValueError(f"--init-from {init_from}: shapes differ from {config.name} "
+                             f"(first: {mismatched[0]}); initialise from the same preset")
+        model.load_state_dict(source.state_dict(), strict=True)
+    return model
+
+
+# ---- evaluation ---------------------------------------------------------------------------------
+
+def airspace_evaluator(tokenizer, examples: list, max_tokens: int = 640):
+    """Decode `examples` with the engine (greedy) and score the tool calls; None if no engine."""
+    try:
+        from clover.engine import LLM, SamplingParams
+    except ImportError:
+        return None
+    from clover.tasks.airspace import TOOLS, score
+    from clover.tokenizer import render_chat
+
+    prompts = [tokenizer.encode(render_chat(tokenizer, ex.messages(tools=True)[:-1], TOOLS))
+               for ex in examples]
+
+    def evaluate(model: CloverModel, step: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        llm = LLM(model, tokenizer, device=str(next(model.parameters()).device), dtype="float32")
+        outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        result = score([o.text for o in outs], examples)
+        keep = ("zone_f1", "exact_message_accuracy", "tool_call_validity", "mean_centre_error_m")
+        metrics = {f"eval_{k}": _round(result[k]) for k in keep}
+        metrics["eval_errors"] = result["errors"]
+        metrics["eval_s"] = round(time.perf_counter() - start, 1)
+        return metrics
+
+    return evaluate
+
+
+def _round(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class RunArgs:
+    recipe: str = "airspace-tiny"
+    attention: str = "block"
+    init_from: str | None = None
+    out: str | None = None
+    work_dir: str | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    resume: bool = False
+    device: str = "auto"
+    seed: int = 0
+    bf16: bool = False
+    eval_examples: int | None = None
+    progress: bool = True
+
+
+def run_recipe(args: RunArgs) -> dict[str, Any]:
+    """Tokenizer, data, model, training, and the final model directory (rank 0 writes it)."""
+    from clover.tasks.airspace import generate_examples
+
+    if args.recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
+    recipe = RECIPES[args.recipe]
+    config = recipe_config(recipe, args.attention)
+    out = Path(args.out or f"models/{config.name}")
+    work = Path(args.work_dir or f"runs/train/{out.name}")
+    train_cfg = TrainConfig(
+        steps=args.steps or recipe.steps, batch_size=args.batch_size or recipe.batch_size,
+        micro_batch_size=recipe.micro_batch_size, lr=recipe.lr,
+        warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
+        seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
+        resume=args.resume, eval_every=0, save_every=25, log_every=5, progress=args.progress)
+    tokenizer = _tokenizer(args, config, recipe, work)
+    num_train = train_cfg.steps * train_cfg.batch_size
+    train = airspace_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))
+    val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
+    num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
+    evaluate = None
+    if num_eval:
+        evaluate = airspace_evaluator(tokenizer, val_examples[:num_eval], recipe.eval_max_tokens)
+    model = init_model(config, args.init_from, args.seed)
+    trainer = Trainer(model, train, train_cfg, val_data=airspace_sft(tokenizer, val_examples),
+                      tokenizer=tokenizer, evaluate=evaluate)
+    summary = trainer.fit()
+    if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
+        info = _training_info(args, recipe, train_cfg, trainer, summary, tokenizer)
+        checkpoint.save(trainer.model.cpu(), tokenizer, out, extra={
+            "training.json": json.dumps(info, indent=2) + "\n",
+            "README.md": _readme(config, info)})
+        summary["out"] = str(out)
+    return summary
+
+
+def _tokenizer(args: RunArgs, config: ModelConfig, recipe: Recipe, work: Path):
+    """The init model's tokenizer, the one saved in the work dir (resume), or a new one."""
+    from clover.tokenizer import load_tokenizer, save_tokenizer
+
+    if args.init_from:
+        return load_tokenizer(args.init_from)
+    saved = work / "tokenizer"
+    if args.resume and (saved / "tokenizer.json").is_file():
+        return load_tokenizer(saved)  # (building is deterministic too; this is just faster)
+    tok = build_tokenizer(config.vocab_size, recipe.tokenizer_examples, args.seed)
+    if DistEnv.from_environ().is_main:
+        save_tokenizer(tok, saved)
+    return tok
+
+
+def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Trainer,
+                   summary: dict, tokenizer) -> dict[str, Any]:
+    from clover.tasks.airspace import generate_examples
+
+    sample = generate_examples("validation", 200, seed=args.seed)
+    return {
+        "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
+        "seed": args.seed, "steps": trainer.state.step, "batch_size": cfg.batch_size,
+        "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
+        "device": str(trainer.device), "processes": trainer.env.world,
+        "torch": torch.__version__, "machine": platform.machine(),
+        "threads": torch.get_num_threads(), "final_metrics": summary,
+        "train_config": asdict(cfg), "copy_consistency": copy_consistency(tokenizer, sample),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _readme(config: ModelConfig, info: dict[str, Any]) -> str:
+    m = info["final_metrics"]
+    rows = "\n".join(f"| {k} | {v} |" for k, v in m.items() if not isinstance(v, dict))
+    about = (f"Clover {config.attention}-attention MoE ({config.num_experts} experts, "
+             f"top-{config.num_experts_per_tok}, dim {config.dim}, {config.num_layers} layers, "
+             f"block size {config.block_size}) trained with the `{info['recipe']}` recipe on the "
+             "airspace-restriction task (SFT: prompt never masked, response = tool calls + EOS).")
+    return f"""# {config.name}
+
+{about}
+
+    clover train --recipe {info['recipe']} --attention {config.attention} --seed {info['seed']}
+
+{info['steps']} steps x {info['batch_size']} examples, {info['tokens_seen']:,} tokens,
+{info['wall_time_s']} s on {info['device']} ({info['threads']} threads, torch {info['torch']}).
+
+| metric | value |
+|---|---|
+{rows}
+"""

@@ -1,0 +1,375 @@
+"""Training: objectives vs hand-computed and reference forms, SFT masking, the loop, resume, DDP."""
+
+import json
+import math
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clover.config import get_preset
+from clover.model import ModelOutput, build_model
+from clover.model.diffusion import ar_loss, noisy_clean_visibility, sample_block_t
+from clover.train import (
+    Collator,
+    TrainConfig,
+    Trainer,
+    batch_noise,
+    block_diffusion,
+    block_diffusion_reference,
+    causal,
+    default_collator,
+    full_diffusion,
+    lr_at,
+    sft_example,
+)
+from clover.train.balance import load_stats, routers, update_expert_bias
+from clover.train.data import step_indices
+from clover.train.objectives import Noise
+
+
+def toy_examples(n: int, seed: int = 0, vocab: int = 40) -> list:
+    """Copy task: prompt [3, p..., 4], response reversed(p) + EOS."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        k = int(torch.randint(3, 7, (1,), generator=g))
+        p = torch.randint(10, vocab, (k,), generator=g).tolist()
+        out.append(sft_example([3, *p, 4], [*p[::-1], 1]))
+    return out
+
+
+def tiny(mode: str = "block", **overrides):
+    return get_preset("tiny", attention=mode, block_size=1 if mode == "causal" else 4, **overrides)
+
+
+class TableModel(torch.nn.Module):
+    """Stub model whose logits at (row, position) come from a fixed table, for hand computation."""
+
+    def __init__(self, table_BLV: torch.Tensor) -> None:
+        super().__init__()
+        self.table_BLV = table_BLV
+
+    def forward(self, ids_BL, pos_BL, *, cache=None, valid_BL=None, logits_mask_BL=None,
+                attn_mask_BLS=None):
+        assert cache is None
+        rows = torch.arange(ids_BL.shape[0])[:, None].expand_as(pos_BL)
+        logits = self.table_BLV[rows, pos_BL]
+        return ModelOutput(logits if logits_mask_BL is None else logits[logits_mask_BL], None)
+
+
+# ---- objectives ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_full_diffusion_matches_hand_computed(shift):
+    """sum over masked i of CE(logits at i - shift, x0_i) / t_i, nothing else."""
+    torch.manual_seed(0)
+    cfg = tiny("full", shift_logits=shift)
+    table = torch.randn(2, 5, cfg.vocab_size)
+    batch = default_collator(cfg)([sft_example([5, 6], [7, 8, 1]), sft_example([9], [10, 1])],
+                                  [0, 1])
+    masked = torch.tensor([[0, 0, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=torch.bool)
+    t = torch.tensor([[0.5] * 5, [0.25] * 5])
+    noise = Noise(torch.where(masked, cfg.mask_id, batch.ids_BL), masked, t)
+    expected = 0.0
+    for b, i in masked.nonzero().tolist():
+        logp = F.log_softmax(table[b, i - int(shift)], -1)
+        expected += -float(logp[batch.ids_BL[b, i]]) / float(t[b, i])
+    got = full_diffusion(TableModel(table), cfg, batch, noise).loss_sum
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_causal_objective_matches_ar_loss():
+    """The causal sum over response targets / their count is `ar_loss` with the response mask."""
+    cfg = tiny("causal")
+    table = torch.randn(2, 6, cfg.vocab_size)
+    batch = default_collator(cfg)([sft_example([5, 6, 7], [8, 9, 1]), sft_example([9], [10, 1])],
+                                  [0, 1])
+    got = causal(TableModel(table), cfg, batch, batch_noise(batch, cfg)).loss_sum
+    expected = ar_loss(table, batch.ids_BL, batch.target_BL)
+    assert math.isclose(float(got) / batch.num_targets, float(expected), rel_tol=1e-5)
+    assert batch.target_BL.tolist() == [[False, False, False, True, True, True],
+                                        [False, True, True, False, False, False]]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_vectorised_block_loss_equals_per_block_loop(shift):
+    """One forward over [x_0, x_t] with the noisy/clean mask == one forward per block."""
+    cfg = tiny("block", shift_logits=shift)
+    model = build_model(cfg, seed=0)
+    examples = toy_examples(6, seed=1) + [sft_example(list(range(10, 23)), [30, 31, 1])]
+    batch = default_collator(cfg)(examples, list(range(7)))
+    noise = batch_noise(batch, cfg)
+    assert noise.masked_BL.sum() > 5
+    fast = block_diffusion(model, cfg, batch, noise)
+    slow = block_diffusion_reference(model, cfg, batch, noise)
+    assert torch.allclose(fast.loss_sum, slow.loss_sum, rtol=1e-5)
+    assert fast.moe is not None and fast.moe.counts_LE.sum() > 0
+
+
+def shared_prompt_examples(n: int, seed: int = 0) -> list:
+    """Toy examples behind a common 9-token system prompt (like the SFT system + tools block)."""
+    system = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    return [sft_example(system + list(ex.ids[:ex.prompt_len]), ex.ids[ex.prompt_len:])
+            for ex in toy_examples(n, seed)]
+
+
+@pytest.mark.parametrize("mode,shift", [("block", False), ("block", True), ("causal", False)])
+def test_shared_prefix_matches_unshared(mode, shift):
+    """Running the common prompt prefix once through a KV cache changes neither loss nor grads."""
+    cfg = tiny(mode, shift_logits=shift)
+    model = build_model(cfg, seed=0)
+    batch = default_collator(cfg)(shared_prompt_examples(5), list(range(5)))
+    noise = batch_noise(batch, cfg)
+    from clover.train.objectives import shared_prefix_len
+
+    assert shared_prefix_len(batch, cfg) == (8 if mode == "block" else 10)  # [system, 3]
+    objective = block_diffusion if mode == "block" else causal
+    losses, grads = [], []
+    for share in (True, False):
+        model.zero_grad()
+        out = objective(model, cfg, batch, noise, share_prefix=share)
+        out.loss_sum.backward()
+        losses.append(out.loss_sum.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    if mode == "block":
+        ref = block_diffusion_reference(model, cfg, batch, noise).loss_sum
+        assert torch.allclose(losses[0], ref, rtol=1e-5)
+
+
+def test_noisy_clean_visibility_small_case():
+    """Block size 2, L = 4: noisy block 1 sees clean block 0 and itself, never clean block 1."""
+    pos = torch.arange(4)[None]
+    m = noisy_clean_visibility(pos, pos[:, 2:], 2)[0].int()
+    assert m.tolist() == [
+        [1, 1, 0, 0, 0, 0],  # clean block 0
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],  # clean block 1
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1],  # noisy block 1
+        [1, 1, 0, 0, 1, 1],
+    ]
+
+
+def test_block_noise_levels_are_per_block_and_batch_independent():
+    """Same example + seed gives the same noise alone or in any batch; t is constant per block."""
+    cfg = tiny("block")
+    examples = toy_examples(5, seed=2)
+    collate = default_collator(cfg)
+    full = batch_noise(collate(examples, [11, 12, 13, 14, 15]), cfg)
+    alone = batch_noise(collate(examples[2:3], [13]), cfg)
+    n = alone.xt_BL.shape[1]
+    assert torch.equal(full.xt_BL[2, :n], alone.xt_BL[0])
+    assert torch.equal(full.t_BL[2, :n], alone.t_BL[0])
+    t_blocks = full.t_BL.view(5, -1, cfg.block_size)
+    assert torch.equal(t_blocks, t_blocks[..., :1].expand_as(t_blocks))
+    t = sample_block_t(torch.arange(8)[None], 4, gen=torch.Generator().manual_seed(0))
+    assert t[0, 0] == t[0, 3] and t[0, 4] == t[0, 7] and t[0, 0] != t[0, 4]
+
+
+def test_sft_never_masks_prompt_and_fills_eos_to_block_boundary():
+    """Prompt tokens are never noised or scored; the response is followed by EOS up to a block
+    boundary, and those EOS are targets (the model learns to stop by filling EOS)."""
+    cfg = tiny("block")
+    prompt, response = [5, 6, 7, 8, 9], [20, 21, 1]  # 8 tokens -> fill to 8: nothing to add
+    batch = default_collator(cfg)([sft_example(prompt, response), sft_example([5], [20, 1])],
+                                  [0, 1])
+    assert batch.ids_BL[1, :4].tolist() == [5, 20, 1, 1] and not batch.valid_BL[1, 4:].any()
+    assert batch.target_BL[1].tolist() == [False, True, True, True] + [False] * 4
+    for seed in range(50):
+        batch.seed_B[:] = torch.tensor([seed, seed + 1000])
+        noise = batch_noise(batch, cfg, eps=0.9)  # t >= 0.9: almost everything masked
+        assert not noise.masked_BL[0, :5].any() and not noise.masked_BL[1, :1].any()
+        assert torch.equal(noise.xt_BL[0, :5], torch.tensor(prompt))
+        assert not (noise.masked_BL & ~batch.target_BL).any()
+
+
+def test_eos_fill_modes():
+    ex = [sft_example([5, 6], [7, 1])]
+    block = Collator(pad_id=0, eos_id=1, block_size=3, eos_fill="block", pad_multiple=3)(ex, [0])
+    assert block.ids_BL.tolist() == [[5, 6, 7, 1, 1, 1]]
+    length = Collator(pad_id=0, eos_id=1, eos_fill="length", pad_multiple=8)(ex, [0])
+    assert length.ids_BL.tolist() == [[5, 6, 7, 1, 1, 1, 1, 1]] and length.valid_BL.all()
+    none = Collator(pad_id=0, eos_id=1, first_target=1)(ex + [sft_example([5], [1])], [0, 1])
+    assert none.ids_BL.tolist() == [[5, 6, 7, 1], [5, 1, 0, 0]]
+    with pytest.raises(ValueError, match="eos_fill"):
+        Collator(pad_id=0, eos_id=1, eos_fill="pad")
+
+
+# ---- MoE balancing, schedule, data order --------------------------------------------------------
+
+def test_expert_bias_moves_towards_mean_load():
+    cfg = tiny("block", router="sigmoid")
+    model = build_model(cfg, seed=0)
+    counts = torch.tensor([[10.0, 0.0, 5.0, 5.0]])  # one MoE layer
+    update_expert_bias(model, counts, rate=0.1)
+    bias = routers(model)[0].expert_bias
+    assert bias.tolist() == pytest.approx([-0.1, 0.1, 0.0, 0.0])
+    assert load_stats(counts) == {"moe_max_over_mean": 2.0, "moe_idle_experts": 1}
+    softmax = build_model(tiny("block"), seed=0)
+    update_expert_bias(softmax, counts, rate=0.1)
+    assert not routers(softmax)[0].expert_bias.any()
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(60, cfg) == pytest.approx(0.55)
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_step_indices_are_epoch_permutations():
+    first = [i for s in range(4) for i in step_indices(s, 5, 20, seed=3)]
+    assert sorted(first) == list(range(20))
+    assert step_indices(1, 5, 20, seed=3) == step_indices(1, 5, 20, seed=3)
+    assert step_indices(0, 5, 20, seed=3) != step_indices(0, 5, 20, seed=4)
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
+def _config(**kw) -> TrainConfig:
+    base = dict(steps=4, batch_size=8, lr=3e-3, warmup_steps=2, device="cpu", progress=False,
+                log_every=1)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("mode", ["block", "causal"])
+def test_tiny_model_learns_toy_task(mode):
+    """Validation loss (fixed noise) drops clearly within a few seconds of training."""
+    cfg = tiny(mode)
+    trainer = Trainer(build_model(cfg, seed=0), toy_examples(128), _config(steps=25, batch_size=16),
+                      val_data=toy_examples(16, seed=9))
+    before = trainer.validate()
+    after = trainer.fit()["val_loss"]
+    assert after < 0.75 * before, (before, after)
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Stop after a checkpoint, resume: same step count and bit-identical losses and weights."""
+    cfg, data = tiny("block", router="sigmoid"), toy_examples(64)
+    ref = Trainer(build_model(cfg, seed=0), data, _config())
+    ref.fit()
+    first = Trainer(build_model(cfg, seed=0), data, _config(work_dir=str(tmp_path),
+                                                            stop_after=2))
+    assert first.fit()["steps"] == 2
+    resumed = Trainer(build_model(cfg, seed=1), data, _config(work_dir=str(tmp_path),
+                                                              resume=True))
+    assert resumed.state.step == 2
+    summary = resumed.fit()
+    assert summary["steps"] == 4 and resumed.state.losses == ref.state.losses
+    for (name, a), b in zip(ref.model.state_dict().items(), resumed.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and (tmp_path / "checkpoint" / "optimizer.pt").is_file()
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    cfg, data = tiny("block"), toy_examples(16)
+    Trainer(build_model(cfg, seed=0), data, _config(steps=1, work_dir=str(tmp_path))).fit()
+    with pytest.raises(ValueError, match="seed"):
+        Trainer(build_model(cfg, seed=0), data, _config(work_dir=str(tmp_path), resume=True,
+                                                        seed=5))
+
+
+def test_micro_batches_do_not_change_the_update():
+    """Accumulating 4 micro-batches of 2 == one batch of 8 (global token normalisation)."""
+    cfg, data = tiny("block"), toy_examples(32)
+    one = Trainer(build_model(cfg, seed=0), data, _config(steps=2, aux_coef=0.0))
+    four = Trainer(build_model(cfg, seed=0), data, _config(steps=2, aux_coef=0.0,
+                                                           micro_batch_size=2))
+    one.fit()
+    four.fit()
+    assert one.state.losses == pytest.approx(four.state.losses, rel=1e-5)
+    for a, b in zip(one.model.parameters(), four.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+# ---- distributed --------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    data = shared_prompt_examples(32)  # the shared-prefix path runs two model calls under DDP
+    trainer = Trainer(build_model(tiny("block"), seed=0), data, _config(steps=3))
+    trainer.fit()
+    weights = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    Path(out_dir, f"{rank}.json").write_text(json.dumps([trainer.state.losses, weights]))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_process_gloo_matches_one_process():
+    """DDP over 2 CPU processes == 1 process running the same global batch as 2 micro-batches."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_ddp_worker, args=(2, _free_port(), out), nprocs=2, join=True,
+                           start_method="spawn")
+        results = [json.loads(Path(out, f"{r}.json").read_text()) for r in range(2)]
+    single = Trainer(build_model(tiny("block"), seed=0), shared_prompt_examples(32),
+                     _config(steps=3, micro_batch_size=4))
+    single.fit()
+    weights = sum(float(p.detach().double().sum()) for p in single.model.parameters())
+    for losses, w in results:
+        assert losses == pytest.approx(single.state.losses, abs=1e-5)
+        assert w == pytest.approx(weights, rel=1e-5)
+
+
+_CHILD = """
+import sys
+import torch
+from clover.config import get_preset
+from clover.model import build_model
+from clover.train import Trainer, TrainConfig
+from clover.train.throughput import synthetic
+torch.set_num_threads(1)
+cfg = get_preset("tiny")
+config = TrainConfig(steps=30, batch_size=4, lr=3e-3, device="cpu", progress=False,
+                     work_dir=sys.argv[1], save_every=1, resume=True)
+Trainer(build_model(cfg, seed=0), synthetic(cfg, 64, 24, 12, 8), config).fit()
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(tmp_path):
+    """SIGKILL a training process mid-run (any moment, even mid-save), rerun with --resume:
+    the finished run's per-step losses equal an uninterrupted run's exactly."""
+    import subprocess
+    import sys
+    import time
+
+    run = [sys.executable, "-c", _CHILD]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    subprocess.run([*run, str(tmp_path / "ref")], check=True, env=env, timeout=300)
+    state = tmp_path / "killed" / "checkpoint" / "trainer_state.json"
+    proc = subprocess.Popen([*run, str(tmp_path / "killed")], env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        try:  # the checkpoint directory is swapped atomically while we look
+            if json.loads(state.read_text())["step"] >= 2:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    killed_at = json.loads(state.read_text())["step"]
+    assert 2 <= killed_at < 30, killed_at
+    subprocess.run([*run, str(tmp_path / "killed")], check=True, env=env, timeout=300)
+    ref = json.loads((tmp_path / "ref" / "checkpoint" / "trainer_state.json").read_text())
+    resumed = json.loads(state.read_text())
+    assert resumed["step"] == 30 and resumed["losses"] == ref["losses"]

@@ -1,0 +1,70 @@
+"""The airspace recipe end to end on the `tiny` preset: tokenizer, SFT data, training, model dir."""
+
+import argparse
+import json
+
+import pytest
+
+from clover import checkpoint
+from clover.train import recipes
+from clover.train.cli import register
+
+
+@pytest.fixture
+def smoke_recipe(monkeypatch):
+    recipe = recipes.Recipe(name="smoke", preset="tiny", steps=2, batch_size=2, num_val=2,
+                            num_eval=0, tokenizer_examples=200, warmup_steps=0)
+    monkeypatch.setitem(recipes.RECIPES, "smoke", recipe)
+    return recipe
+
+
+def test_sft_prompt_and_response_split_the_rendered_chat():
+    """Prompt ends with the assistant marker; the response is the tool calls and ends in EOS."""
+    from clover.tasks.airspace import generate_examples
+
+    tok = recipes.build_tokenizer(512, 200, seed=0)
+    examples = generate_examples("train", 4, seed=0)
+    for ex, sft in zip(examples, recipes.airspace_sft(tok, examples), strict=True):
+        prompt = tok.decode(sft.ids[:sft.prompt_len])
+        response = tok.decode(sft.ids[sft.prompt_len:])
+        assert prompt.endswith("<|assistant|>") and ex.text in prompt
+        assert response.endswith("<|eos|>") and response.count("<|eos|>") == 1
+        if ex.calls:
+            assert response.startswith("<tool_call>")
+
+
+@pytest.mark.slow
+def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out, work = tmp_path / "model", tmp_path / "work"
+    argv = ["train", "--recipe", "smoke", "--out", str(out), "--work-dir", str(work),
+            "--device", "cpu", "--no-progress", "--eval-examples", "0"]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    info = json.loads((out / "training.json").read_text())
+    assert info["steps"] == 2 and info["recipe"] == "smoke" and info["tokens_seen"] > 0
+    assert "copy_consistency" in info and (out / "README.md").is_file()
+    model, tok = checkpoint.load(out)
+    assert model.config.vocab_size == len(tok) == 512
+    args = parser.parse_args([*argv, "--resume", "--steps", "3"])
+    assert args.func(args) == 0
+    assert json.loads((out / "training.json").read_text())["steps"] == 3
+
+
+def test_init_from_ar_model_keeps_weights_and_takes_attention_from_recipe(tmp_path):
+    """AR-to-diffusion adaptation: block model = the causal model's weights, block attention."""
+    import torch
+
+    from clover.config import get_preset
+    from clover.model import build_model
+
+    ar = build_model(get_preset("tiny", attention="causal", block_size=1), seed=3)
+    checkpoint.save(ar, None, tmp_path / "ar")
+    model = recipes.init_model(get_preset("tiny"), str(tmp_path / "ar"), seed=0)
+    assert model.config.attention == "block" and model.config.block_size == 4
+    for (name, a), b in zip(ar.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="shapes differ"):
+        recipes.init_model(get_preset("tiny", dim=32, num_heads=2, num_kv_heads=1),
+                           str(tmp_path / "ar"), seed=0)
