@@ -237,9 +237,9 @@ PRESETS = {
 }
 
 
-def get_preset(name: str, **overrides: Any) -> ModelConfig:
-    """A fresh config for a named preset, with optional field overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    config = PRESETS[name]()
+def get_preset(preset: str, /, **overrides: Any) -> ModelConfig:
+    """A fresh config for a named preset, with optional field overrides (including `name`)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    config = PRESETS[preset]()
     return config.replace(**overrides) if overrides else config

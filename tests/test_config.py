@@ -48,3 +48,9 @@ def test_ar_twin_differs_only_in_attention():
     dllm, ar = get_preset("clover-tiny").to_dict(), get_preset("clover-tiny-ar").to_dict()
     diff = {k for k in dllm if dllm[k] != ar[k]}
     assert diff == {"name", "attention", "block_size"}
+
+
+def test_preset_override_may_rename():
+    """Recipes derive named variants (e.g. the AR twin) from a preset."""
+    config = get_preset("clover-tiny", name="clover-tiny-x", attention="causal", block_size=1)
+    assert config.name == "clover-tiny-x" and config.attention == "causal"
