@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from clover.config import EOS_ID, MASK_ID, PAD_ID
@@ -44,11 +44,19 @@ _SNIPPET_CHARS = 200
 # Training, saving, loading
 
 
+# A space before a capital letter + digit (`RADIUS N533911E...`, `NOTAMR C9859/26`) and every CJK
+# character stand alone, so a value copied from a message tokenizes exactly as it does inside the
+# JSON of a tool call (after a quote). On 300 airspace validation messages this took identically
+# tokenized copies from 75% to 99% for 16% more tokens (measured in the session note).
+_COPY_BOUNDARIES = r" (?=\p{Lu}\d)|[\p{Han}\u3000-\u303f\uff00-\uffef]"
+
+
 def _empty_bpe() -> Tokenizer:
-    """Byte-level BPE whose pre-tokenizer first isolates every digit."""
+    """Byte-level BPE whose pre-tokenizer isolates every digit and the copy boundaries above."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(_COPY_BOUNDARIES), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]

@@ -227,3 +227,19 @@ def test_load_missing_or_corrupt_files_names_the_file(tok, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("[oops")
     with pytest.raises(ValueError, match="tokenizer_config.json"):
         load_tokenizer(tmp_path)
+
+
+def test_copied_values_tokenize_as_in_a_tool_call():
+    """A value copied from a message must be the same tokens inside the call's JSON, or the
+    model has to learn two spellings of every copy (space+letter merges, CJK merges)."""
+    texts = ["PSN N533911E0073029 RADIUS 1KM", "A1234/26 NOTAMR C9859/26",
+             "以北纬31°08′36″、东经121°48′18″为中心", " N5 C9 北纬 东经 为中心"] * 200
+    tok = train_tokenizer(texts, vocab_size=400)
+    for value, message in [("N533911E0073029", "PSN N533911E0073029 RADIUS 1KM"),
+                           ("C9859/26", "A1234/26 NOTAMR C9859/26"),
+                           ("北纬31°08′36″", "以北纬31°08′36″、东经121°48′18″为中心")]:
+        in_json = tok.encode(f'"centre": "{value}"')
+        value_ids = tok.encode(value)
+        msg = tok.encode(message)
+        assert any(in_json[i:i + len(value_ids)] == value_ids for i in range(len(in_json)))
+        assert any(msg[i:i + len(value_ids)] == value_ids for i in range(len(msg)))
