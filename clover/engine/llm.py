@@ -132,6 +132,20 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def stop_ids(self, params: SamplingParams) -> set[int]:
+        """Token ids that end a request: EOS plus the request's stop_token_ids."""
+        return self.scheduler.stop_ids | set(params.stop_token_ids)
+
+    def output(self, r: Request) -> RequestOutput:
+        """A finished request as the caller sees it: ids up to the first stop id, text, stats."""
+        ids = r.output_ids(self.stop_ids(r.params))
+        text = r.text
+        if text is None:
+            tok = self.tokenizer
+            text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
+        return RequestOutput(r.request_id, r.prompt, ids, text, r.finish_reason or "abort",
+                             r.stats)
+
     # ---- the loop -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Request]:
@@ -305,10 +319,4 @@ class LLM:
 
     def output(self, r: Request) -> RequestOutput:
         """The caller's view of a finished request."""
-        stop_ids = self.engine.scheduler.stop_ids | set(r.params.stop_token_ids)
-        ids = r.output_ids(stop_ids)
-        text = r.text
-        if text is None:
-            text = self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer else ""
-        return RequestOutput(r.request_id, r.prompt, ids, text, r.finish_reason or "abort",
-                             r.stats)
+        return self.engine.output(r)

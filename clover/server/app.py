@@ -287,7 +287,7 @@ class CloverServer:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
-        return self.engine.scheduler.stop_ids | set(params.stop_token_ids)
+        return self.engine.stop_ids(params)
 
     # ---- non-streamed responses -----------------------------------------------------------------
     def _response(self, plan: Plan, output) -> dict[str, Any]:

@@ -298,14 +298,7 @@ class EngineWorker:
         job.post(Update(settled, block, in_block))
 
     def _output(self, r: Request) -> RequestOutput:
-        stop_ids = self.engine.scheduler.stop_ids | set(r.params.stop_token_ids)
-        ids = r.output_ids(stop_ids)
-        text = r.text
-        if text is None:
-            tok = self.engine.tokenizer
-            text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
-        return RequestOutput(r.request_id, r.prompt, ids, text, r.finish_reason or "abort",
-                             r.stats)
+        return self.engine.output(r)
 
     def _fail_running(self, message: str, status: int = 500) -> None:
         for job in list(self._running.values()):
