@@ -49,21 +49,20 @@ def save(model: CloverModel, tokenizer: Any | None, path: str | Path,
             save_tokenizer(tokenizer, tmp)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
-        _replace_dir(tmp, path)
+        replace_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    old = None
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move a finished directory into place, replacing dst (never a half-written dst)."""
+    old = dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
     if dst.exists():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
         dst.rename(old)
     src.rename(dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_config(path: str | Path) -> ModelConfig:

@@ -63,10 +63,13 @@ def peak_memory() -> int:
 
 
 def resolve_device(device: str) -> torch.device:
+    """auto, cpu, cuda or cuda:N -> a torch.device; a clear error when CUDA is absent."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"--device must be auto, cpu or cuda (got {device!r})")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available here; use --device cpu")
     return torch.device(device)
 
 

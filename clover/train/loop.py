@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from clover import checkpoint
+from clover.engine.llm import resolve_device as engine_device
 from clover.model import CloverModel
 from clover.train.balance import load_fractions, load_stats, update_expert_bias
 from clover.train.data import (
@@ -143,13 +143,9 @@ class DistEnv:
 
 
 def resolve_device(name: str, env: DistEnv) -> torch.device:
-    if name not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda requested but CUDA is not available; use --device cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(f"cuda:{env.local_rank}") if name == "cuda" else torch.device("cpu")
+    """The engine's device rule, with each process of a distributed run on its own GPU."""
+    device = engine_device(name)
+    return torch.device(f"cuda:{env.local_rank}") if device.type == "cuda" else device
 
 
 def init_distributed(env: DistEnv, device: torch.device) -> None:
@@ -395,7 +391,7 @@ class Trainer:
             checkpoint.save(self.model, self.tokenizer, tmp, extra=extra)
             torch.save({"optimizer": self.optimizer.state_dict(),
                         "rng_cpu": torch.get_rng_state()}, tmp / OPTIMIZER_FILE)
-            replace_dir(tmp, path)
+            checkpoint.replace_dir(tmp, path)
         if self.env.world > 1:
             dist.barrier()
         return path
@@ -430,16 +426,6 @@ class Trainer:
         if model_config.to_dict() != self.model_config.to_dict():
             raise ValueError("--resume: the checkpoint's config.json differs from this model's "
                              "config; use a new work directory")
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move a finished directory into place, replacing dst (never a half-written dst)."""
-    old = dst.with_name(f".{dst.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        dst.rename(old)
-    src.rename(dst)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class _Display:
