@@ -113,6 +113,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from clover.bench.cli import register
+
+    register(sub)
+
+
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "inspect": _add_inspect,
     "demo": _add_demo,
@@ -120,6 +126,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "engine": _add_engine,  # generate / chat
     "serve": _add_serve,  # OpenAI-compatible HTTP server
     "train": _add_train,
+    "bench": _add_bench,  # sweep dLLM vs AR: quality, speed, memory, plots, report
 }
 
 

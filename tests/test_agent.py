@@ -8,22 +8,27 @@ from clover.engine import SamplingParams
 from clover.engine.llm import EngineStats
 from clover.engine.request import Request
 from clover.tasks.airspace import assistant_text, generate_examples, reference_calls, score
-from clover.tasks.airspace.agent import predictions, run_agent
-from clover.tokenizer import train_tokenizer
+from clover.tasks.airspace.agent import initial_conversation, predictions, run_agent
+from clover.tasks.airspace.tools import TOOLS
+from clover.tokenizer import render_chat, train_tokenizer
 
 
 class ScriptedEngine:
     """Stands in for the engine: each request 'generates' the next scripted answer of its
     message, so the loop's bookkeeping is tested without a trained model."""
 
-    def __init__(self, tok, answers: dict[str, list[str]]):
+    def __init__(self, tok, answers: dict[str, list[str]], max_model_len: int = 1 << 20):
         self.tok, self.answers, self.stats = tok, answers, EngineStats()
+        self.max_model_len = max_model_len
+        self.max_tokens: list[int] = []
         self.pending: list[Request] = []
         self.prompts: list[str] = []
 
     def add_request(self, prompt_ids, params, request_id=None):
+        assert len(prompt_ids) + params.max_tokens <= self.max_model_len
         text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         self.prompts.append(text)
+        self.max_tokens.append(params.max_tokens)
         key = next(k for k in self.answers if k in text)
         answer = self.answers[key][sum(key in p for p in self.prompts) - 1]
         r = Request(f"r{len(self.prompts)}", list(prompt_ids), params, 2)
@@ -75,3 +80,24 @@ def test_broken_calls_are_reported_not_raised(examples, tok):
     assert all(m.errors and not m.calls and m.turns == 1 for m in run.messages)
     assert run.first_usable_s is None
     assert score(predictions(run), examples)["zone_recall"] == 0.0
+
+
+def test_turns_are_capped_to_the_context_left(examples, tok):
+    """A turn gets at most the room left in the context; a turn with no room ends the message
+    (recorded as an error) instead of failing the whole batch."""
+    answers = {e.text: [assistant_text(reference_calls(e)), "Done."] for e in examples}
+    firsts = [len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS)))
+              for e in examples]
+    engine = ScriptedEngine(tok, answers, max_model_len=max(firsts) + 40)
+    llm = SimpleNamespace(engine=engine, tokenizer=tok)
+    run = run_agent(llm, examples, SamplingParams(max_tokens=4000), max_turns=2)
+    assert all(m.turns >= 1 for m in run.messages)
+    room = [max(firsts) + 40 - f for f in firsts]  # capped to the room; add_request's assert held
+    assert engine.max_tokens[:len(examples)] == room
+    positives = [m for m in run.messages if m.example.zones]
+    assert any("context full" in " ".join(m.errors) for m in positives)
+    tiny = ScriptedEngine(tok, answers, max_model_len=10)
+    run2 = run_agent(SimpleNamespace(engine=tiny, tokenizer=tok), examples,
+                     SamplingParams(max_tokens=8))
+    assert all(m.turns == 0 and "context full" in m.errors[0] for m in run2.messages)
+    assert not tiny.prompts

@@ -29,7 +29,7 @@ from clover.train import (
 )
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
-from clover.train.objectives import Noise
+from clover.train.objectives import Noise, confident_entropy_sum
 
 
 def toy_examples(n: int, seed: int = 0, vocab: int = 40) -> list:
@@ -249,6 +249,27 @@ def test_tiny_model_learns_toy_task(mode):
     before = trainer.validate()
     after = trainer.fit()["val_loss"]
     assert after < 0.75 * before, (before, after)
+
+
+def test_confident_entropy_counts_only_positions_already_right():
+    logits_NV = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 3.0]])
+    targets_N = torch.tensor([0, 2, 2])  # right, wrong, right
+    p0 = torch.softmax(logits_NV[0], 0)
+    p2 = torch.softmax(logits_NV[2], 0)
+    want = -(p0 * p0.log()).sum() - (p2 * p2.log()).sum()
+    assert torch.allclose(confident_entropy_sum(logits_NV, targets_N), want)
+
+
+def test_sharpening_lowers_entropy_on_the_same_budget():
+    """Same data, seed and steps: the run with the sharpening term ends less uncertain where it
+    is right (what lets more positions pass a commit threshold)."""
+    def run(coef: float) -> float:
+        trainer = Trainer(build_model(tiny("block"), seed=0), toy_examples(128),
+                          _config(steps=20, batch_size=16, sharpen_coef=coef))
+        trainer.fit()
+        return sum(e["confident_entropy"] for e in trainer.state.history[-2:])
+
+    assert run(1.0) < run(0.0)
 
 
 def test_resume_continues_exactly(tmp_path):

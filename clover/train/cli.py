@@ -17,7 +17,8 @@ def _train(args: argparse.Namespace) -> int:
         recipe=args.recipe, attention=args.attention, init_from=args.init_from, out=args.out,
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
         device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
-        progress=not args.no_progress))
+        progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
+        sharpen=args.sharpen))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
     return 0
@@ -42,5 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")
     p.add_argument("--eval-examples", type=int, default=None,
                    help="validation examples decoded and scored at the end (0: skip)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: recipe's)")
+    p.add_argument("--shift-logits", action="store_true",
+                   help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
+    p.add_argument("--sharpen", type=float, default=0.0,
+                   help="confidence-sharpening weight (entropy where already right)")
     p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     p.set_defaults(func=_train)

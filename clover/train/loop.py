@@ -66,6 +66,7 @@ class TrainConfig:
     aux_coef: float = 0.01  # MoE load-balance loss weight (softmax routers)
     bias_rate: float = 1e-3  # expert-bias step per update (sigmoid routers)
     noise_eps: float = 1e-3  # t ~ U[eps, 1]
+    sharpen_coef: float = 0.0  # weight of the entropy on already-right targets (confidence)
     eval_every: int = 0  # validation loss (and the evaluate hook) every N steps; 0: at the end
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     log_every: int = 10
@@ -171,6 +172,7 @@ class StepResult:
     lr: float
     tokens: int
     counts_LE: torch.Tensor | None
+    confident_entropy: float = 0.0  # mean over all targets of the sharpening term
 
 
 @dataclass
@@ -243,22 +245,23 @@ class Trainer:
         lr = lr_at(self.state.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum, aux_sum, counts = self._accumulate(batches, num_targets)
+        loss_sum, aux_sum, ent_sum, counts = self._accumulate(batches, num_targets)
         grad_norm = self._clip()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum], dtype=torch.float64), env)
+        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum, ent_sum], dtype=torch.float64),
+                              env)
         if counts is not None:
             counts = all_reduce_sum(counts, env)
             if cfg.bias_rate:
                 update_expert_bias(self.model, counts, cfg.bias_rate)
         return StepResult(float(sums[0]) / num_targets, float(sums[1]) / (env.world * len(batches)),
-                          grad_norm, lr, int(num_tokens), counts)
+                          grad_norm, lr, int(num_tokens), counts, float(sums[2]) / num_targets)
 
     def _accumulate(self, batches: list[Batch], num_targets: float):
         """Forward + backward every micro-batch; gradients add up to d(global mean loss)."""
         cfg, world = self.config, self.env.world
-        loss_sum = aux_sum = 0.0
+        loss_sum = aux_sum = ent_sum = 0.0
         counts = None
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -269,6 +272,11 @@ class Trainer:
                     out = self.net(batch, noise)
                 # DDP averages gradients over processes: scale by world to get their sum.
                 loss = out.loss_sum * (world / num_targets)
+                if out.confident_entropy_sum is not None:
+                    ent_sum += float(out.confident_entropy_sum.detach())
+                    if cfg.sharpen_coef:
+                        loss = loss + cfg.sharpen_coef * out.confident_entropy_sum * (
+                            world / num_targets)
                 if out.moe is not None:
                     aux = out.moe.aux_loss
                     loss = loss + cfg.aux_coef * aux / len(batches)
@@ -277,7 +285,7 @@ class Trainer:
                     counts = c if counts is None else counts + c
                 loss.backward()
             loss_sum += float(out.loss_sum.detach())
-        return loss_sum, aux_sum, counts
+        return loss_sum, aux_sum, ent_sum, counts
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -355,7 +363,8 @@ class Trainer:
     def _log_entry(self, r: StepResult, tok_s: float) -> dict[str, Any]:
         entry = {"step": self.state.step, "loss": round(r.loss, 5), "lr": r.lr,
                  "grad_norm": round(r.grad_norm, 4), "tok_s": round(tok_s, 1),
-                 "tokens_seen": self.state.tokens_seen}
+                 "tokens_seen": self.state.tokens_seen,
+                 "confident_entropy": round(r.confident_entropy, 5)}
         if r.counts_LE is not None:
             entry.update(aux=round(r.aux, 4), **load_stats(r.counts_LE),
                          moe_load=load_fractions(r.counts_LE))

@@ -38,6 +38,9 @@ class Noise:
 class LossOutput:
     loss_sum: Tensor  # sum over targets of the (1/t-weighted) cross-entropy
     moe: MoEStats | None
+    # sum over targets the model already gets right (argmax == target) of the predicted
+    # distribution's entropy: the confidence-sharpening term (dParallel, LLaDA2.0-CAP)
+    confident_entropy_sum: Tensor | None = None
 
 
 def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
@@ -71,11 +74,21 @@ def weighted_ce_sum(logits_NV: Tensor, targets_N: Tensor, weight_N: Tensor) -> T
     return (ce_N * weight_N).sum()
 
 
-def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise) -> Tensor:
+def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
+    """sum over n with argmax(logits_n) == target_n of the entropy of softmax(logits_n)."""
+    logp_NV = F.log_softmax(logits_NV.float(), -1)
+    entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+    right_N = logits_NV.argmax(-1) == targets_N
+    return (entropy_N * right_N).sum()
+
+
+def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise,
+                   moe: MoEStats | None) -> LossOutput:
     """Loss for logits taken where src_BS >= 0; src holds the flat index of the target predicted."""
     flat = src_BS[src_BS >= 0]
     targets_N = batch.ids_BL.reshape(-1)[flat]
-    return weighted_ce_sum(logits_NV, targets_N, 1.0 / noise.t_BL.reshape(-1)[flat])
+    return LossOutput(weighted_ce_sum(logits_NV, targets_N, 1.0 / noise.t_BL.reshape(-1)[flat]),
+                      moe, confident_entropy_sum(logits_NV, targets_N))
 
 
 def _flat_index(masked_BL: Tensor) -> Tensor:
@@ -118,7 +131,7 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
     out = model(ids, pos, cache=cache, valid_BL=valid, logits_mask_BL=src_BS >= 0,
                 attn_mask_BLS=attn)
     moe = _merge_moe(prefix_moe, P, out.moe, int(valid.sum()))
-    return LossOutput(_selected_loss(out.logits, src_BS, batch, noise), moe)
+    return _selected_loss(out.logits, src_BS, batch, noise, moe)
 
 
 def block_diffusion_reference(model: nn.Module, config: ModelConfig, batch: Batch,
@@ -149,7 +162,7 @@ def full_diffusion(model: nn.Module, config: ModelConfig, batch: Batch,
     b_N, i_N = noise.masked_BL.nonzero(as_tuple=True)
     src_BL[b_N, i_N - shift] = _flat_index(noise.masked_BL)[b_N, i_N]
     out = model(noise.xt_BL, batch.pos_BL, valid_BL=batch.valid_BL, logits_mask_BL=src_BL >= 0)
-    return LossOutput(_selected_loss(out.logits, src_BL, batch, noise), out.moe)
+    return _selected_loss(out.logits, src_BL, batch, noise, out.moe)
 
 
 def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
@@ -164,7 +177,7 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     out = model(batch.ids_BL, batch.pos_BL, cache=cache, valid_BL=batch.valid_BL,
                 logits_mask_BL=src_BL >= 0)
     moe = _merge_moe(prefix_moe, P, out.moe, batch.num_tokens)
-    return LossOutput(_selected_loss(out.logits, src_BL, batch, noise), moe)
+    return _selected_loss(out.logits, src_BL, batch, noise, moe)
 
 
 # ---- shared context prefix ---------------------------------------------------------------------

@@ -133,11 +133,11 @@ def _contains(seq: list[int], sub: list[int]) -> bool:
 
 # ---- model --------------------------------------------------------------------------------------
 
-def recipe_config(recipe: Recipe, attention: str) -> ModelConfig:
+def recipe_config(recipe: Recipe, attention: str, shift_logits: bool = False) -> ModelConfig:
     if attention == "causal":
         return get_preset(recipe.preset, name=f"{recipe.preset}-ar", attention="causal",
                           block_size=1)
-    return get_preset(recipe.preset, attention=attention)
+    return get_preset(recipe.preset, attention=attention, shift_logits=shift_logits)
 
 
 def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverModel:
@@ -203,6 +203,9 @@ class RunArgs:
     bf16: bool = False
     eval_examples: int | None = None
     progress: bool = True
+    lr: float | None = None
+    shift_logits: bool = False
+    sharpen: float = 0.0
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -212,15 +215,16 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
-    config = recipe_config(recipe, args.attention)
+    config = recipe_config(recipe, args.attention, args.shift_logits)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
     train_cfg = TrainConfig(
         steps=args.steps or recipe.steps, batch_size=args.batch_size or recipe.batch_size,
-        micro_batch_size=recipe.micro_batch_size, lr=recipe.lr,
+        micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
-        resume=args.resume, eval_every=0, save_every=25, log_every=5, progress=args.progress)
+        sharpen_coef=args.sharpen, resume=args.resume, eval_every=0, save_every=25, log_every=5,
+        progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
     num_train = train_cfg.steps * train_cfg.batch_size
     train = airspace_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))

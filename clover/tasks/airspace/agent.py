@@ -70,12 +70,19 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
     t0 = time.perf_counter()
     first_usable, tokens, request_forwards = None, 0, 0
 
-    def submit(run: MessageRun) -> None:
+    def submit(run: MessageRun) -> bool:
         prompt = tok.encode(render_chat(tok, run.conversation, tools=TOOLS))
-        owner[engine.add_request(prompt, params).request_id] = run
+        room = engine.max_model_len - len(prompt)
+        if room <= 0:  # a later turn that no longer fits: the conversation ends here
+            run.errors.append(f"context full: {len(prompt)} prompt tokens")
+            return False
+        turn_params = params.replace(max_tokens=min(params.max_tokens, room))
+        owner[engine.add_request(prompt, turn_params).request_id] = run
+        return True
 
     for run in runs:
-        submit(run)
+        if not submit(run):
+            run.done_s = 0.0
     while engine.has_unfinished():
         for request in engine.step():
             run = owner.pop(request.request_id)
@@ -84,9 +91,7 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
             executed = _execute(run, request, tok)
             if executed and first_usable is None:
                 first_usable = time.perf_counter() - t0
-            if executed is not None and run.turns < max_turns:
-                submit(run)
-            else:
+            if not (executed is not None and run.turns < max_turns and submit(run)):
                 run.done_s = time.perf_counter() - t0
     return AgentRun(runs, time.perf_counter() - t0, first_usable, tokens,
                     engine.stats.forwards, request_forwards, engine.stats.as_dict())

@@ -1,0 +1,120 @@
+"""`clover bench airspace`: flags -> `BenchConfig` -> sweep -> table, files, one JSON line.
+
+List flags take comma-separated values (`--taus 0.5,0.9`). Flags left unset take the full
+sweep's defaults, or `--quick`'s. Errors name the flag and exit with status 2 (clover/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from clover.bench.config import DEFAULT_AR_MODEL, DEFAULT_MODEL, TASKS, BenchConfig, make_config
+from clover.bench.quant import PRECISIONS
+
+
+def _list(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__} values, got {text!r}") from None
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    precisions = args.precisions
+    if args.quantize is not None:
+        if precisions is not None:
+            raise ValueError("--quantize and --precisions both given: use one (--quantize int8 "
+                             "is --precisions int8)")
+        precisions = ("int8",) if args.quantize == "int8" else ("fp32",)
+    fields = {k: getattr(args, k) for k in (
+        "model", "messages", "n", "split", "seed", "policies", "taus", "steps", "gammas",
+        "block_sizes", "batch_sizes", "repeats", "max_tokens", "max_turns", "device", "threads",
+        "out", "name")}
+    fields["ar_model"] = "" if args.no_ar else args.ar_model
+    return make_config(args.quick, task=args.task, precisions=precisions,
+                       grammar=args.grammar, **fields)
+
+
+def out_dir(cfg: BenchConfig) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    return Path("runs/bench") / (cfg.name or time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from clover.bench.harness import run_bench
+    from clover.bench.report import json_line, render_table, write_outputs
+
+    cfg = config_from_args(args)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("clover bench draws its plots with matplotlib: pip install -e "
+                             "'.[bench]', or pass --no-plots") from None
+    results = run_bench(cfg, progress=not args.no_progress)
+    write_outputs(results, out_dir(cfg), plots=not args.no_plots)
+    print(render_table(results), end="")
+    print(f"report: {results['files']['report']}; results: {results['files']['results']}")
+    print(json_line(results))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `bench` to the `clover` subcommands."""
+    d = BenchConfig()
+    p = sub.add_parser("bench", help="sweep decoding settings of a dLLM and its AR twin on a task: "
+                                     "quality, speed, memory, plots, report")
+    p.add_argument("task", nargs="?", default="airspace", choices=TASKS)
+    p.add_argument("--quick", action="store_true",
+                   help="a few points on 24 messages (under 10 minutes on 2 CPU cores)")
+    p.add_argument("--model", default=None, help=f"diffusion model directory ({DEFAULT_MODEL})")
+    p.add_argument("--ar-model", default=None,
+                   help=f"its AR twin, decoded under the same conditions ({DEFAULT_AR_MODEL})")
+    p.add_argument("--no-ar", action="store_true", help="skip the AR twin")
+    p.add_argument("--messages", default=None, metavar="JSONL",
+                   help="prompt file instead of the split (one {id, text, zones?} per line)")
+    p.add_argument("--n", type=int, default=None, help=f"messages (full {d.n}, quick 24)")
+    p.add_argument("--split", default=None, help="airspace split (default test)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--policies", type=_list(str), default=None,
+                   help=f"commit policies (default {','.join(d.policies)})")
+    p.add_argument("--taus", type=_list(float), default=None,
+                   help=f"threshold policy: confidence thresholds (default {_csv(d.taus)})")
+    p.add_argument("--steps", type=_list(int), default=None,
+                   help=f"topk policy: denoising steps per block (default {_csv(d.steps)})")
+    p.add_argument("--gammas", type=_list(float), default=None,
+                   help=f"entropy policy: entropy budgets per step (default {_csv(d.gammas)})")
+    p.add_argument("--block-sizes", type=_list(int), default=None,
+                   help="dLLM block sizes; 0 = the model's own (default 0,16; quick 0)")
+    p.add_argument("--batch-sizes", type=_list(int), default=None,
+                   help=f"engine batch sizes (default {_csv(d.batch_sizes)})")
+    p.add_argument("--precisions", type=_list(str), default=None,
+                   help=f"from {','.join(PRECISIONS)} (default fp32,int8; quick fp32)")
+    p.add_argument("--quantize", default=None, choices=["none", "int8"],
+                   help="load both models at one precision: int8 = torchao weight-only")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"runs per point; medians and spreads (default {d.repeats}, quick 1)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"per turn (default {d.max_tokens})")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help=f"agent turns per message (default {d.max_turns})")
+    p.add_argument("--grammar", action="store_true", help="constrain tool calls by the grammar")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
+    p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
+    p.add_argument("--name", default=None, help="run name (default: a timestamp)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_bench)
+
+
+def _csv(values: tuple) -> str:
+    return ",".join(map(str, values))

@@ -1,0 +1,160 @@
+"""Load a model directory at a precision: fp32, bf16, or int8 weight-only (torchao).
+
+int8 covers every matmul weight, the routed experts included: `Experts` keeps its weights as
+stacked [E, F, D] tensors that no quantization library recognises, so they are first split into
+per-expert `nn.Linear`s (`LinearExperts`, the same function, checked against `Experts` by a test),
+then torchao's `Int8WeightOnlyConfig` (per-row scales) quantizes every linear except the routers
+(they choose experts; a few thousand weights). The tied embedding / LM head stays in float.
+`quantized_fraction` reports how much of the model that is. Nothing here runs a forward pass.
+
+int4 is not offered: torchao's only CPU int4 path is a prototype (`Int4OpaqueTensor`), measured
+10-80x slower than fp32 for these shapes with the torch 2.13 CPU wheel.
+"""
+
+# Shapes: N tokens, D dim, F expert hidden, E experts
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from clover.model import CloverModel
+from clover.model.moe import Experts
+
+PRECISIONS = ("fp32", "bf16", "int8")
+INT4_NOTE = ("int4 not offered: torchao's only CPU int4 path (Int4OpaqueTensor) is a prototype, "
+             "and it ran 10-80x slower than fp32 on these shapes with the torch 2.13 CPU wheel")
+
+
+class LinearExperts(nn.Module):
+    """`Experts` as 3 x E `nn.Linear`s, so a quantization library can see every expert weight."""
+
+    def __init__(self, experts: Experts) -> None:
+        super().__init__()
+        self.num_experts = experts.gate_proj.shape[0]
+        self.gate = nn.ModuleList(_linear(w) for w in experts.gate_proj.detach())
+        self.up = nn.ModuleList(_linear(w) for w in experts.up_proj.detach())
+        self.down = nn.ModuleList(_linear(w) for w in experts.down_proj.detach())
+        # grouped_experts reads the expert count from gate_proj's leading dim; an empty stand-in
+        self.gate_proj = torch.empty(self.num_experts, 0, 0)
+
+    def one(self, e: int, x_ND: Tensor) -> Tensor:
+        return self.down[e](F.silu(self.gate[e](x_ND)) * self.up[e](x_ND))
+
+
+def _linear(weight_OI: Tensor) -> nn.Linear:
+    layer = nn.Linear(weight_OI.shape[1], weight_OI.shape[0], bias=False,
+                      device=weight_OI.device, dtype=weight_OI.dtype)
+    layer.weight = nn.Parameter(weight_OI.clone(), requires_grad=False)
+    return layer
+
+
+def split_experts(model: CloverModel) -> CloverModel:
+    """Replace every stacked `Experts` by `LinearExperts` (in place; same outputs)."""
+    for block in model.layers:
+        if block.is_moe:
+            block.ffn.experts = LinearExperts(block.ffn.experts)
+    return model
+
+
+@contextlib.contextmanager
+def _quiet(*names: str):
+    """torchao logs warnings at import about CUDA kernels a CPU build cannot load."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def torchao_version() -> str | None:
+    try:
+        with _quiet("torchao", "torch.utils._pytree"):
+            import torchao
+    except ImportError:
+        return None
+    return torchao.__version__
+
+
+def require_torchao(flag: str) -> None:
+    if torchao_version() is None:
+        raise ValueError(f"{flag} int8 needs torchao: pip install -e '.[bench]'")
+
+
+def quantize_int8(model: CloverModel) -> CloverModel:
+    """int8 weight-only (per-row scales) on every linear but the routers; experts split first."""
+    with _quiet("torchao", "torch.utils._pytree"):
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    split_experts(model)
+    quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False),
+              filter_fn=lambda m, name: isinstance(m, nn.Linear) and "router" not in name)
+    return model
+
+
+def load_at(path: str, precision: str, device: torch.device) -> tuple[CloverModel, Any]:
+    """(model, tokenizer) from a model directory at fp32 | bf16 | int8."""
+    from clover.checkpoint import load
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precisions: unknown precision {precision!r} "
+                         f"(choose from {', '.join(PRECISIONS)}; {INT4_NOTE})")
+    dtype = activation_dtype(precision, device)
+    model, tok = load(path, device=device, dtype=dtype)
+    if precision == "int8":
+        quantize_int8(model)
+    return model.eval(), tok
+
+
+def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """bf16 -> bfloat16; fp32 -> float32; int8 computes in float32 on CPU, bfloat16 on CUDA."""
+    if precision == "bf16" or (precision == "int8" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+@dataclass
+class WeightReport:
+    total_params: int
+    quantized_params: int
+    weights_bytes: int
+
+    @property
+    def quantized_fraction(self) -> float:
+        return self.quantized_params / max(self.total_params, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total_params": self.total_params, "quantized_params": self.quantized_params,
+                "quantized_fraction": round(self.quantized_fraction, 4),
+                "weights_bytes": self.weights_bytes}
+
+
+def weight_report(model: nn.Module) -> WeightReport:
+    """Parameters (counted once if tied), how many are stored quantized, and their bytes."""
+    total = quantized = nbytes = 0
+    for p in model.parameters():
+        numel, stored, is_quantized = _storage(p)
+        total += numel
+        nbytes += stored
+        quantized += numel if is_quantized else 0
+    return WeightReport(total, quantized, nbytes)
+
+
+def _storage(t: Tensor) -> tuple[int, int, bool]:
+    """(logical elements, bytes actually stored, stored as a quantized subclass?)."""
+    data = t.data if isinstance(t, nn.Parameter) else t
+    if type(data) is torch.Tensor or not hasattr(data, "__tensor_flatten__"):
+        return data.numel(), data.numel() * data.element_size(), False
+    names, _ = data.__tensor_flatten__()
+    inner = [getattr(data, n) for n in names]
+    return data.numel(), sum(_storage(i)[1] for i in inner if i is not None), True

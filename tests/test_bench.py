@@ -1,0 +1,176 @@
+"""`clover bench`: the grid, flag errors, int8 coverage of the MoE experts, and a whole (tiny)
+sweep through the command line. Tiny random models: no timing or quality is asserted."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+from clover.bench.config import BenchConfig, Point, grid, make_config, run_order
+from clover.bench.harness import with_block_size
+from clover.bench.probe import ForwardProbe
+from clover.bench.quant import load_at, split_experts, weight_report
+from clover.checkpoint import save
+from clover.cli import main
+from clover.config import get_preset
+from clover.engine import LLM, SamplingParams
+from clover.model import build_model
+from clover.tasks.airspace import SYSTEM_PROMPT, assistant_text, generate_examples
+from clover.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """A tiny block-diffusion model and its causal twin, saved with one small tokenizer. Their
+    max_seq_len is shorter than the airspace chat prompts: the sweep must still decode them."""
+    train = generate_examples("train", 120, seed=1)
+    texts = [e.text for e in train] + [assistant_text(e.calls) for e in train] + [SYSTEM_PROMPT]
+    tok = train_tokenizer(texts, vocab_size=640)
+    root = tmp_path_factory.mktemp("bench-models")
+    size = {"vocab_size": 640, "max_seq_len": 512}
+    dllm = build_model(get_preset("tiny", block_size=8, **size), seed=0)
+    ar = build_model(get_preset("tiny", attention="causal", block_size=1, **size), seed=0)
+    return str(save(dllm, tok, root / "dllm")), str(save(ar, tok, root / "ar"))
+
+
+def test_grid_puts_each_ar_point_beside_its_diffusion_points():
+    """One group per (precision, batch); AR first; the dLLM gets policy x knob x block."""
+    cfg = BenchConfig(policies=("threshold", "topk"), taus=(0.7, 0.9), steps=(4,),
+                      block_sizes=(0, 4), batch_sizes=(1, 8), precisions=("fp32", "int8"))
+    groups = grid(cfg, model_block=8, with_ar=True)
+    assert len(groups) == 4
+    for group in groups:
+        assert group[0].role == "ar" and all(p.role == "dllm" for p in group[1:])
+        assert len({(p.precision, p.batch_size) for p in group}) == 1
+        assert len(group) == 1 + 3 * 2  # (2 taus + 1 steps) x blocks {8, 4}
+    assert {p.block_size for p in groups[0][1:]} == {8, 4}
+    order = run_order(groups[:1], repeats=2)
+    assert [p for _, p in order[:7]] == groups[0] and [p for _, p in order[7:]] == groups[0][::-1]
+
+
+def test_point_params_carry_the_policy_knob():
+    cfg = BenchConfig(max_tokens=40)
+    topk = Point("dllm", "fp32", 1, "topk", "steps_per_block", 8.0, 32).params(cfg, False)
+    assert topk.policy == "topk" and topk.steps_per_block == 8 and topk.max_tokens == 40
+    ar = Point("ar", "fp32", 1).params(cfg, False)
+    assert ar.temperature == 0.0 and ar.max_tokens == 40
+
+
+@pytest.mark.parametrize("changes, flag", [
+    ({"taus": (1.5,)}, "--taus"), ({"precisions": ("int4",)}, "--precisions"),
+    ({"batch_sizes": (0,)}, "--batch-sizes"), ({"policies": ("greedy",)}, "--policies"),
+    ({"policies": ("entropy",), "gammas": ()}, "--gammas"), ({"repeats": 0}, "--repeats"),
+])
+def test_bad_settings_name_the_flag(changes, flag):
+    with pytest.raises(ValueError, match=flag):
+        BenchConfig(**changes)
+
+
+def test_quick_defaults_yield_to_explicit_flags():
+    cfg = make_config(quick=True, n=5, taus=None)
+    assert cfg.n == 5 and cfg.taus == (0.7, 0.9) and cfg.precisions == ("fp32",)
+
+
+def test_missing_model_directory_is_one_line_naming_it(tmp_path, capsys):
+    """The shipped models may not be there yet: say which directory is missing, then stop."""
+    missing = tmp_path / "clover-tiny"
+    assert main(["bench", "airspace", "--quick", "--model", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(missing) in err and "--model" in err
+
+
+def test_bad_list_flag_is_rejected_by_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--taus", "0.5,high"])
+    assert "--taus" in capsys.readouterr().err
+
+
+def test_linear_experts_compute_what_stacked_experts_do():
+    """Splitting the grouped expert weights into nn.Linears (so int8 can reach them) is exact."""
+    model = build_model(get_preset("tiny"), seed=0).eval()
+    ids = torch.randint(3, 512, (2, 12))
+    with torch.no_grad():
+        before = model(ids).logits
+        after = split_experts(model)(ids).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+
+
+def test_int8_reaches_the_experts_and_still_decodes(model_dirs):
+    """Most parameters of an MoE live in the experts: int8 must cover them, not just attention."""
+    pytest.importorskip("torchao")
+    fp32, tok = load_at(model_dirs[0], "fp32", torch.device("cpu"))
+    int8, _ = load_at(model_dirs[0], "int8", torch.device("cpu"))
+    full, quant = weight_report(fp32), weight_report(int8)
+    experts = sum(p.numel() for n, p in fp32.named_parameters() if ".experts." in n)
+    assert quant.quantized_params >= experts > 0
+    assert quant.total_params == full.total_params and quant.weights_bytes < full.weights_bytes
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    out = LLM(int8, tokenizer=tok, device="cpu", dtype="float32").generate(["NOTAM"], params)
+    assert len(out[0].token_ids) == 16
+
+
+def test_block_size_view_shares_weights_and_leaves_the_model_alone():
+    model = build_model(get_preset("tiny", block_size=8), seed=0)
+    view = with_block_size(model, 4)
+    assert view.config.block_size == 4 and model.config.block_size == 8
+    assert view.embed.weight is model.embed.weight
+    assert with_block_size(model, 8) is model
+
+
+def test_forward_probe_counts_what_the_engine_counts(model_dirs):
+    """The probe's token count per forward must agree with the engine's own stats."""
+    llm = LLM(model_dirs[0], device="cpu", max_batch_size=2)
+    probe = ForwardProbe(llm.engine)
+    llm.generate(["first prompt", "a second, longer prompt"],
+                 SamplingParams(max_tokens=12, ignore_eos=True))
+    stats = llm.engine.stats
+    assert probe.count.forwards == stats.forwards
+    assert probe.count.tokens == stats.tokens_processed
+    assert probe.count.logits >= stats.forwards and probe.count.peak_rss_bytes > 0
+
+
+@pytest.fixture(scope="module")
+def bench_run(model_dirs, tmp_path_factory):
+    """`clover bench` end to end on two points (dLLM tau=0.9 and its AR twin), 2 messages."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path_factory.mktemp("bench-out")
+    argv = ["bench", "airspace", "--model", model_dirs[0], "--ar-model", model_dirs[1],
+            "--n", "2", "--policies", "threshold", "--taus", "0.9", "--block-sizes", "0",
+            "--batch-sizes", "2", "--precisions", "fp32", "--repeats", "1",
+            "--max-tokens", "8", "--max-turns", "1", "--out", str(out), "--no-progress"]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(argv)
+    return code, out, stdout.getvalue()
+
+
+def test_sweep_prints_a_table_then_one_json_line(bench_run):
+    code, out, stdout = bench_run
+    assert code == 0
+    lines = stdout.strip().splitlines()
+    assert "point" in stdout.split(lines[-1])[0] and "TPF" in stdout
+    assert json.loads(lines[-1])["points"] == json.loads((out / "results.json").read_text())[
+        "points"]
+    result = json.loads((out / "results.json").read_text())
+    assert [p["role"] for p in result["points"]] == ["ar", "dllm"]
+    for p in result["points"]:
+        for key in ("zone_f1", "exact_message_accuracy", "tps", "tpf", "forwards",
+                    "full_task_s", "first_usable_s", "peak_memory_bytes", "model_s",
+                    "policy_s", "grammar_s", "other_s", "peak_fraction", "spread"):
+            assert key in p, key
+    assert result["points"][1]["speedup_vs_ar"] > 0
+    assert set(result["matmul_peak_flops_per_s"]) == {"torch.float32"}
+    assert result["weights"]["dllm fp32"]["quantized_fraction"] == 0.0
+    assert result["hardware"]["device"] == "cpu"
+
+
+def test_sweep_writes_plots_and_a_report_that_embeds_them(bench_run):
+    _, out, _ = bench_run
+    report = (out / "report.md").read_text()
+    for name in ("quality_vs_tpf", "quality_vs_time", "tps_vs_batch", "first_usable",
+                 "time_split"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name}.png)" in report
