@@ -43,6 +43,19 @@ def test_load_converts_dtype(saved):
     assert model.embed.weight.dtype == torch.bfloat16
 
 
+def test_save_in_bfloat16_halves_the_file_and_loads_back_to_float32(saved, tokenizer, tmp_path):
+    model, path = saved
+    small = save(model, tokenizer, tmp_path / "bf16", dtype=torch.bfloat16)
+    stored = load_file(str(small / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in stored.values() if t.is_floating_point())
+    size = (path / "model.safetensors").stat().st_size
+    assert (small / "model.safetensors").stat().st_size < 0.55 * size
+    back = load_model(small, dtype=torch.float32)
+    for name, t in model.state_dict().items():
+        want = t.to(torch.bfloat16).to(torch.float32)
+        assert torch.equal(back.state_dict()[name], want), name
+
+
 def test_save_replaces_existing_directory(saved, tokenizer):
     model, path = saved
     (path / "stale.txt").write_text("x")

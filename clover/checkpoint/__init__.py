@@ -32,17 +32,19 @@ class CheckpointError(ValueError):
 
 
 def save(model: CloverModel, tokenizer: Any | None, path: str | Path,
-         extra: dict[str, str] | None = None) -> Path:
+         extra: dict[str, str] | None = None, *, dtype: torch.dtype | None = None) -> Path:
     """Write a model directory at `path` (replaced atomically if it exists).
 
     extra: more files to write beside the model, name -> text (e.g. README.md, training.json).
+    dtype: store floating-point weights in this dtype (e.g. bfloat16 halves an fp32 model);
+    `load_model(..., dtype=...)` converts them back for compute.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         model.config.save(tmp / CONFIG_FILE)
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        state = {k: _stored(v, dtype) for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "producer": "clover"})
         if tokenizer is not None:
             from clover.tokenizer import save_tokenizer
@@ -53,6 +55,13 @@ def save(model: CloverModel, tokenizer: Any | None, path: str | Path,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _stored(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    t = t.detach().cpu()
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.contiguous()
 
 
 def replace_dir(src: Path, dst: Path) -> None:

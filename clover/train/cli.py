@@ -18,7 +18,7 @@ def _train(args: argparse.Namespace) -> int:
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
         device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
-        sharpen=args.sharpen))
+        sharpen=args.sharpen, save_dtype=args.save_dtype))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
     return 0
@@ -48,5 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
     p.add_argument("--sharpen", type=float, default=0.0,
                    help="confidence-sharpening weight (entropy where already right)")
+    p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype of the final model's stored weights (bfloat16: half the size)")
     p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     p.set_defaults(func=_train)

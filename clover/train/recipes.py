@@ -206,6 +206,7 @@ class RunArgs:
     lr: float | None = None
     shift_logits: bool = False
     sharpen: float = 0.0
+    save_dtype: str = "float32"  # dtype of the final model directory's weights
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -241,7 +242,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         info = _training_info(args, recipe, train_cfg, trainer, summary, tokenizer)
         checkpoint.save(trainer.model.cpu(), tokenizer, out, extra={
             "training.json": json.dumps(info, indent=2) + "\n",
-            "README.md": _readme(config, info)})
+            "README.md": _readme(config, info)}, dtype=getattr(torch, args.save_dtype))
         summary["out"] = str(out)
     return summary
 
@@ -268,7 +269,9 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     sample = generate_examples("validation", 200, seed=args.seed)
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
-        "seed": args.seed, "steps": trainer.state.step, "batch_size": cfg.batch_size,
+        "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
+        "sharpen": args.sharpen, "save_dtype": args.save_dtype, "steps": trainer.state.step,
+        "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
         "device": str(trainer.device), "processes": trainer.env.world,
         "torch": torch.__version__, "machine": platform.machine(),
