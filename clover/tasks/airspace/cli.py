@@ -1,6 +1,6 @@
-"""`clover data <task>` and `clover score <task>`: write a split as JSONL, score predictions.
+"""`clover data|score|eval <task>`: write a split as JSONL, score predictions, decode and score.
 
-`register(subparsers)` adds the two commands; each takes a positional task chosen from `TASKS`
+`register(subparsers)` adds the three commands; each takes a positional task chosen from `TASKS`
 (today only `airspace`), so another task plugs in by adding one entry. Handlers return an exit
 status; user mistakes raise ValueError / FileNotFoundError for `clover.cli` to report.
 """
@@ -20,6 +20,7 @@ class TaskCommands:
 
     data: Callable[[argparse.Namespace], int]
     score: Callable[[argparse.Namespace], int]
+    evaluate: Callable[[argparse.Namespace], int]
 
 
 def _airspace_data(args: argparse.Namespace) -> int:
@@ -83,7 +84,51 @@ def _airspace_score(args: argparse.Namespace) -> int:
     return 0
 
 
-TASKS: dict[str, TaskCommands] = {"airspace": TaskCommands(_airspace_data, _airspace_score)}
+SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1",
+                "exact_message_accuracy", "tool_call_validity", "hallucinated_zones_on_negatives")
+
+
+def _airspace_evaluate(args: argparse.Namespace) -> int:
+    """Decode a split with a model through the agent loop, score it, break it down by format."""
+    from clover.engine import LLM, SamplingParams
+    from clover.tasks.airspace.agent import predictions, run_agent
+    from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
+    from clover.tasks.airspace.scorer import score
+
+    examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
+                else generate_examples(args.split, args.n, args.seed))
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens)
+    run = run_agent(llm, examples, params, max_turns=args.max_turns)
+    preds = predictions(run)
+    result = {k: score(preds, examples)[k] for k in (*SUMMARY_KEYS, "errors")}
+    result["by_format"] = {}
+    for kind in sorted({e.kind.split("+")[0] for e in examples}):
+        idx = [i for i, e in enumerate(examples) if e.kind.split("+")[0] == kind]
+        part = score([preds[i] for i in idx], [examples[i] for i in idx])
+        result["by_format"][kind] = {"n": len(idx), "zone_f1": round(part["zone_f1"], 4),
+                                     "exact": round(part["exact_message_accuracy"], 4)}
+    result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
+                  policy=args.policy, tau=args.tau, full_task_s=round(run.full_task_s, 1),
+                  tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
+    for key in SUMMARY_KEYS:
+        value = result[key]
+        print(f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}")
+    for kind, part in result["by_format"].items():
+        print(f"  {kind:32s} n={part['n']:4d} zone_f1={part['zone_f1']:.4f} "
+              f"exact={part['exact']:.4f}")
+    print(f"time {run.full_task_s:.1f} s, TPS {run.tps:.1f}, TPF {run.tpf:.3f}, "
+          f"{run.forwards} forwards")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for e, p in zip(examples, preds, strict=True):
+                f.write(json.dumps({"id": e.id, **p}, ensure_ascii=False) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+TASKS: dict[str, TaskCommands] = {
+    "airspace": TaskCommands(_airspace_data, _airspace_score, _airspace_evaluate)}
 
 
 def _dispatch(kind: str) -> Callable[[argparse.Namespace], int]:
@@ -91,7 +136,7 @@ def _dispatch(kind: str) -> Callable[[argparse.Namespace], int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `data` and `score` to the `clover` command line."""
+    """Add `data`, `score` and `eval` to the `clover` command line."""
     from clover.tasks.airspace.places import SPLITS
 
     p = subparsers.add_parser("data", help="generate task messages with ground truth (JSONL)")
@@ -116,3 +161,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--n", type=int, default=20)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_dispatch("score"))
+
+    e = subparsers.add_parser("eval", help="decode a split with a model and score it")
+    e.add_argument("task", choices=sorted(TASKS))
+    e.add_argument("--model", required=True, help="model directory")
+    e.add_argument("--split", choices=SPLITS, default="test")
+    e.add_argument("--n", type=int, default=500, help="number of examples")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--messages", default=None, help="JSONL {id, text, zones} instead of a split")
+    e.add_argument("--policy", default="threshold")
+    e.add_argument("--tau", type=float, default=0.9)
+    e.add_argument("--max-tokens", dest="max_tokens", type=int, default=384)
+    e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
+    e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--dtype", default="auto")
+    e.add_argument("--out", default=None, help="write the predictions (JSONL) here")
+    e.set_defaults(func=_dispatch("evaluate"))

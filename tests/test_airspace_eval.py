@@ -1,0 +1,41 @@
+"""`clover eval airspace`: decode a split with a model directory, score it, break it down."""
+
+import json
+
+import pytest
+
+from clover.checkpoint import save
+from clover.cli import main
+from clover.config import get_preset
+from clover.model import build_model
+from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
+from clover.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    examples = generate_examples("train", 300, 1)
+    texts = [e.text for e in examples] + [assistant_text(reference_calls(e)) for e in examples]
+    path = tmp_path_factory.mktemp("eval") / "tiny-airspace"
+    save(build_model(get_preset("tiny", max_seq_len=4096), seed=0),
+         train_tokenizer(texts, vocab_size=512), path)
+    return str(path)
+
+
+def test_eval_prints_metrics_per_format_and_writes_predictions(capsys, model_dir, tmp_path):
+    out = tmp_path / "preds.jsonl"
+    rc = main(["eval", "airspace", "--model", model_dir, "--n", "3", "--max-tokens", "8",
+               "--max-turns", "1", "--device", "cpu", "--out", str(out)])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["num_messages"] == 3 and 0.0 <= result["zone_f1"] <= 1.0
+    assert sum(p["n"] for p in result["by_format"].values()) == 3
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert ids == [e.id for e in generate_examples("test", 3, 0)]
+
+
+def test_eval_names_a_missing_model_directory(capsys, tmp_path):
+    rc = main(["eval", "airspace", "--model", str(tmp_path / "nope"), "--n", "1"])
+    assert rc == 2
+    assert "nope" in capsys.readouterr().err
