@@ -34,9 +34,7 @@ test: setup lint
 	$(PY) -m pytest -q
 
 demo: setup
-	if [ -f models/clover-tiny/config.json ]; then $(VENV)/bin/clover demo airspace; \
-	else echo "models/clover-tiny not shipped yet: running the core demo"; \
-	$(VENV)/bin/clover demo core; fi
+	$(VENV)/bin/clover demo airspace
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
