@@ -70,7 +70,7 @@ def test_bad_settings_name_the_flag(changes, flag):
 
 def test_quick_defaults_yield_to_explicit_flags():
     cfg = make_config(quick=True, n=5, taus=None)
-    assert cfg.n == 5 and cfg.taus == (0.7, 0.9) and cfg.precisions == ("fp32",)
+    assert cfg.n == 5 and cfg.taus == (0.7, 0.9) and cfg.precisions == ("fp32", "int8")
 
 
 def test_missing_model_directory_is_one_line_naming_it(tmp_path, capsys):

@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ar", action="store_true", help="skip the AR twin")
     p.add_argument("--messages", default=None, metavar="JSONL",
                    help="prompt file instead of the split (one {id, text, zones?} per line)")
-    p.add_argument("--n", type=int, default=None, help=f"messages (full {d.n}, quick 24)")
+    p.add_argument("--n", type=int, default=None, help=f"messages (full {d.n}, quick 16)")
     p.add_argument("--split", default=None, help="airspace split (default test)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--policies", type=_list(str), default=None,
@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", type=_list(int), default=None,
                    help=f"engine batch sizes (default {_csv(d.batch_sizes)})")
     p.add_argument("--precisions", type=_list(str), default=None,
-                   help=f"from {','.join(PRECISIONS)} (default fp32,int8; quick fp32)")
+                   help=f"from {','.join(PRECISIONS)} (default fp32,int8; quick fp32,int8)")
     p.add_argument("--quantize", default=None, choices=["none", "int8"],
                    help="load both models at one precision: int8 = torchao weight-only")
     p.add_argument("--repeats", type=int, default=None,
