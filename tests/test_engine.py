@@ -176,6 +176,26 @@ def test_batch_larger_than_rows_queues_and_reuses_rows():
     assert [o.token_ids for o in small] == [o.token_ids for o in big]
 
 
+@pytest.mark.parametrize("mode", ["block", "causal"])
+def test_a_new_long_prompt_is_prefilled_on_its_own_step(mode):
+    """Decoding rows are not padded to a newcomer's prompt length: the step that prefills a long
+    prompt holds only prefilling rows; the next step holds everyone again. Answers unchanged."""
+    model = _sharpen(_model(mode))
+    params = SamplingParams(max_tokens=12, tau=0.6)
+    llm = LLM(model, device="cpu", max_batch_size=4)
+    engine = llm.engine
+    short = engine.add_request([5, 6, 7], params)
+    engine.step()
+    long_prompt = list(range(3, 203))  # 200 tokens
+    engine.add_request(long_prompt, params)
+    batch = engine.scheduler.schedule()
+    assert [len(p.request.prompt) for p in batch.rows] == [200]
+    while engine.has_unfinished():
+        engine.step()
+    alone = LLM(model, device="cpu").generate([[5, 6, 7], long_prompt], params)
+    assert engine.output(short).token_ids == alone[0].token_ids
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     model = _sharpen(_model("block"), scale=2.0)
     llm = LLM(model, device="cpu")

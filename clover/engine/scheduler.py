@@ -102,8 +102,14 @@ class Scheduler:
 
     # ---- planning -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        """Plans for the running rows. Rows with a long input (a new prompt to prefill) run on
+        their own step: batched with decoding rows, every row would be padded to the prompt's
+        length, and a steady stream of arrivals would make every step cost a full prefill."""
         self._admit()
-        return ScheduledBatch([self._plan(r) for r in self.running])
+        plans = [self._plan(r) for r in self.running]
+        limit = max(2 * self.config.decode_block_size, 64)
+        long = [p for p in plans if len(p.tokens) > limit]
+        return ScheduledBatch(long if long else plans)
 
     def _plan(self, r: Request) -> RowPlan:
         a, masked = len(r.seq), r.masked_positions
