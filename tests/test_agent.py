@@ -79,7 +79,9 @@ def test_broken_calls_are_reported_not_raised(examples, tok):
     run = run_agent(llm, examples, SamplingParams(max_tokens=8))
     assert all(m.errors and not m.calls and m.turns == 1 for m in run.messages)
     assert run.first_usable_s is None
-    assert score(predictions(run), examples)["zone_recall"] == 0.0
+    result = score(predictions(run), examples)
+    assert result["zone_recall"] == 0.0
+    assert result["tool_call_validity"] == 0.0 and result["num_invalid_calls"] == len(examples)
 
 
 def test_turns_are_capped_to_the_context_left(examples, tok):

@@ -29,6 +29,7 @@ class MessageRun:
     registry: ZoneRegistry = field(default_factory=ZoneRegistry)
     calls: list[dict] = field(default_factory=list)  # every call the model made, in order
     results: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # the model's text, one per turn
     turns: int = 0
     errors: list[str] = field(default_factory=list)
     done_s: float | None = None
@@ -104,6 +105,7 @@ def _execute(run: MessageRun, request: Request, tok) -> bool | None:
     run.turns += 1
     text = request.text or tok.decode(request.output_ids({tok.eos_token_id}),
                                       skip_special_tokens=False)
+    run.outputs.append(text)
     parsed = parse_tool_calls(text)
     run.errors += parsed.errors
     if not parsed.tool_calls:
@@ -124,5 +126,6 @@ def _execute(run: MessageRun, request: Request, tok) -> bool | None:
 
 
 def predictions(run: AgentRun) -> list[dict]:
-    """Per message, the calls the model made, in the scorer's prediction form."""
-    return [{"calls": m.calls} for m in run.messages]
+    """Per message, everything the model wrote (all turns), in the scorer's prediction form: the
+    scorer parses it again, so unreadable calls count as invalid instead of vanishing."""
+    return [{"output": "\n".join(m.outputs)} for m in run.messages]
