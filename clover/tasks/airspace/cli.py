@@ -59,6 +59,16 @@ def _align(preds: list, truths: list) -> list:
     return preds
 
 
+SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1",
+                "exact_message_accuracy", "tool_call_validity", "hallucinated_zones_on_negatives")
+
+
+def _print_summary(result: dict) -> None:
+    for key in SUMMARY_KEYS:
+        value = result[key]
+        print(f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}")
+
+
 def _airspace_score(args: argparse.Namespace) -> int:
     from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
     from clover.tasks.airspace.scorer import score
@@ -68,24 +78,10 @@ def _airspace_score(args: argparse.Namespace) -> int:
     else:
         truths = generate_examples(args.split, args.n, args.seed)
     result = score(_align(_read_jsonl(args.pred), truths), truths)
-    for key in (
-        "num_messages",
-        "zone_precision",
-        "zone_recall",
-        "zone_f1",
-        "exact_message_accuracy",
-        "tool_call_validity",
-        "hallucinated_zones_on_negatives",
-    ):
-        value = result[key]
-        print(f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}")
+    _print_summary(result)
     print("errors", " ".join(f"{k}={v}" for k, v in result["errors"].items() if v) or "none")
     print(json.dumps(result))
     return 0
-
-
-SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1",
-                "exact_message_accuracy", "tool_call_validity", "hallucinated_zones_on_negatives")
 
 
 def _airspace_evaluate(args: argparse.Namespace) -> int:
@@ -111,9 +107,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
                   policy=args.policy, tau=args.tau, full_task_s=round(run.full_task_s, 1),
                   tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
-    for key in SUMMARY_KEYS:
-        value = result[key]
-        print(f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}")
+    _print_summary(result)
     for kind, part in result["by_format"].items():
         print(f"  {kind:32s} n={part['n']:4d} zone_f1={part['zone_f1']:.4f} "
               f"exact={part['exact']:.4f}")
