@@ -159,11 +159,18 @@ def _tiny() -> ModelConfig:
 
 
 def _clover_tiny() -> ModelConfig:
-    """The shipped default: block-diffusion MoE, 8 experts top-2, ~8M total parameters."""
-    return ModelConfig(name="clover-tiny", vocab_size=2048, dim=256, num_layers=6, num_heads=8,
-                       num_kv_heads=4, qk_norm=True, ffn_dim=768, num_dense_layers=1,
+    """The shipped default: block-diffusion MoE, 8 experts top-2, ~1.9M total / ~1.1M active.
+
+    Sized from measured training speed on a 2-core CPU: ~6,400 tokens/s (AR) and ~4,800 tokens/s
+    (block diffusion) on one thread with the shared system-prompt prefix, against ~800 tokens/s
+    for the earlier 11M-parameter shape, which had not learned to copy values after 3.8M tokens.
+    No QK-norm: with head_dim 32 it caps an attention logit near sqrt(32) * g^2 (g the norm
+    gains, ~1.2 after training), too flat to pick one digit out of a 1,000-token prompt.
+    """
+    return ModelConfig(name="clover-tiny", vocab_size=2048, dim=128, num_layers=4, num_heads=4,
+                       num_kv_heads=2, qk_norm=False, ffn_dim=384, num_dense_layers=1,
                        num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
-                       expert_ffn_dim=256, tie_embeddings=True, attention="block",
+                       expert_ffn_dim=128, tie_embeddings=True, attention="block",
                        block_size=32, max_seq_len=2048)
 
 
