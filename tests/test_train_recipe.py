@@ -33,16 +33,43 @@ def test_sft_prompt_and_response_split_the_rendered_chat():
             assert response.startswith("<tool_call>")
 
 
+def test_copy_task_answers_with_a_run_of_the_prompt_and_shares_the_task_prefix():
+    """The repeat task's answer is the message's own tokens (so copying can solve it) and its prompt
+    starts like the task's (so the shared system-prompt prefix is not broken by mixing)."""
+    from clover.tasks.airspace import generate_examples
+
+    tok = recipes.build_tokenizer(512, 200, seed=0)
+    examples = generate_examples("train", 4, seed=0)
+    sft = recipes.airspace_sft(tok, examples)
+    for ex, task, copy in zip(examples, sft, recipes.copy_task(tok, examples, max_tokens=16),
+                              strict=True):
+        prompt, answer = list(copy.ids[:copy.prompt_len]), list(copy.ids[copy.prompt_len:])
+        assert answer[-1] == tok.eos_token_id and 1 < len(answer) <= 17
+        body = answer[:-1]
+        assert any(prompt[i:i + len(body)] == body for i in range(len(prompt)))
+        assert tok.decode(body) == tok.decode(tok.encode(ex.text)[:16])
+        system_end = tok.decode(prompt).index("<|user|>")
+        assert tok.decode(prompt)[:system_end] == tok.decode(task.ids[:task.prompt_len])[:system_end]
+        assert recipes.COPY_INSTRUCTION in tok.decode(prompt)
+
+
+def test_copy_mix_out_of_range_names_the_flag(smoke_recipe, tmp_path):
+    with pytest.raises(ValueError, match="--copy-mix"):
+        recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"), copy_mix=1.0,
+                                           work_dir=str(tmp_path / "w"), device="cpu"))
+
+
 @pytest.mark.slow
 def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     out, work = tmp_path / "model", tmp_path / "work"
     argv = ["train", "--recipe", "smoke", "--out", str(out), "--work-dir", str(work),
-            "--device", "cpu", "--no-progress", "--eval-examples", "0"]
+            "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5"]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     info = json.loads((out / "training.json").read_text())
+    assert info["copy_mix"] == 0.5
     assert info["steps"] == 2 and info["recipe"] == "smoke" and info["tokens_seen"] > 0
     assert "copy_consistency" in info and (out / "README.md").is_file()
     model, tok = checkpoint.load(out)

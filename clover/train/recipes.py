@@ -90,6 +90,29 @@ def airspace_sft(tokenizer, examples: list) -> list[TokenExample]:
     return out
 
 
+COPY_INSTRUCTION = "Repeat the start of this message word for word.\n"
+
+
+def copy_task(tokenizer, examples: list, max_tokens: int = 64) -> list[TokenExample]:
+    """Repeat examples that teach copying (induction heads) on the task's own text.
+
+    Same system turn and tools as the task (so the shared-prefix speed-up still applies); the user
+    turn is `COPY_INSTRUCTION` + a message; the response is the message's first `max_tokens`
+    tokens + EOS. Every target is a copy from the context, against ~25 copied digits in a tool call.
+    """
+    from clover.tasks.airspace import SYSTEM_PROMPT, TOOLS
+    from clover.tokenizer import render_chat
+
+    out = []
+    for ex in examples:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": COPY_INSTRUCTION + ex.text}]
+        prompt = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=True)
+        answer = tokenizer.encode(ex.text)[:max_tokens] + [tokenizer.eos_token_id]
+        out.append(sft_example(tokenizer.encode(prompt), answer))
+    return out
+
+
 def copy_consistency(tokenizer, examples: list) -> dict[str, Any]:
     """Does each copied value (centre, zone id) tokenize the same in the message and in the JSON?
 
@@ -209,6 +232,7 @@ class RunArgs:
     shift_logits: bool = False
     sharpen: float = 0.0
     save_dtype: str = "float32"  # dtype of the final model directory's weights
+    copy_mix: float = 0.0  # share of training examples that are the repeat task (`copy_task`)
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -229,8 +253,13 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         sharpen_coef=args.sharpen, resume=args.resume, eval_every=0, save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
+    if not 0.0 <= args.copy_mix < 1.0:
+        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1)")
     num_train = train_cfg.steps * train_cfg.batch_size
-    train = airspace_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))
+    drawn = generate_examples("train", num_train, seed=args.seed)
+    num_copy = round(args.copy_mix * num_train)
+    train = (airspace_sft(tokenizer, drawn[:num_train - num_copy])
+             + copy_task(tokenizer, drawn[num_train - num_copy:]))
     val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
     evaluate = None
@@ -272,7 +301,7 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
-        "sharpen": args.sharpen, "save_dtype": args.save_dtype, "steps": trainer.state.step,
+        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "save_dtype": args.save_dtype, "steps": trainer.state.step,
         "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
         "device": str(trainer.device), "processes": trainer.env.world,
