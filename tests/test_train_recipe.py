@@ -48,9 +48,10 @@ def test_copy_task_answers_with_a_run_of_the_prompt_and_shares_the_task_prefix()
         body = answer[:-1]
         assert any(prompt[i:i + len(body)] == body for i in range(len(prompt)))
         assert tok.decode(body) == tok.decode(tok.encode(ex.text)[:16])
-        system_end = tok.decode(prompt).index("<|user|>")
-        assert tok.decode(prompt)[:system_end] == tok.decode(task.ids[:task.prompt_len])[:system_end]
-        assert recipes.COPY_INSTRUCTION in tok.decode(prompt)
+        text, task_text = tok.decode(prompt), tok.decode(task.ids[:task.prompt_len])
+        system_end = text.index("<|user|>")
+        assert text[:system_end] == task_text[:system_end]
+        assert recipes.COPY_INSTRUCTION in text
 
 
 def test_copy_mix_out_of_range_names_the_flag(smoke_recipe, tmp_path):

@@ -301,8 +301,8 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
-        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "save_dtype": args.save_dtype, "steps": trainer.state.step,
-        "batch_size": cfg.batch_size,
+        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "save_dtype": args.save_dtype,
+        "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
         "device": str(trainer.device), "processes": trainer.env.world,
         "torch": torch.__version__, "machine": platform.machine(),
