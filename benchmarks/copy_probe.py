@@ -1,11 +1,17 @@
 """Copy probe: can a preset's architecture learn to copy a digit string, and how does context
 before the string slow it down?
 
-Trains a fresh causal model (next-token loss on the copy only) on `[filler] d1..dD SEP d1..dD`
-with random digits and random filler tokens, and prints the per-digit copy accuracy as it trains,
-then one JSON line. The airspace task needs exactly this skill (coordinates are digit tokens).
+Trains a fresh causal model (next-token loss on the copy only) and prints the per-digit copy
+accuracy as it trains, then one JSON line. The airspace task needs exactly this skill
+(coordinates are digit tokens).
 
-    python benchmarks/copy_probe.py [--preset clover-tiny-ar] [--filler 600] [--steps 200]
+`--mode offset`: `[filler] d1..dD SEP d1..dD`. The source always sits right before SEP, so a head
+that looks a fixed distance back solves it: this measures position-based copying only.
+`--mode marker`: `filler MARK d1..dD filler SEP MARK d1..dD`, MARK at a random place in a filler
+of `--filler` tokens, `--digit-share` of them digits. Like a coordinate in a message, the source
+must be found by content and copied digit after digit among look-alikes (induction heads).
+
+    python benchmarks/copy_probe.py [--mode marker] [--filler 200] [--steps 400]
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="clover-tiny-ar")
     ap.add_argument("--qk-norm", choices=["preset", "on", "off"], default="preset")
+    ap.add_argument("--mode", choices=["offset", "marker"], default="offset")
+    ap.add_argument("--digit-share", type=float, default=0.0,
+                    help="marker mode: share of filler tokens that are digits (look-alikes)")
     ap.add_argument("--digits", type=int, default=12)
     ap.add_argument("--filler", type=int, default=0, help="random tokens before the string")
     ap.add_argument("--steps", type=int, default=200)
@@ -37,12 +46,10 @@ def main() -> None:
     model = build_model(config, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     D, B = args.digits, args.batch
-    digit_ids = (10, 20)  # any ten ordinary token ids stand in for the digits
+    digit_ids = (10, 20)  # any ten ordinary token ids stand in for the digits (30, 31: SEP, MARK)
     t0, acc, history = time.perf_counter(), 0.0, []
     for step in range(1, args.steps + 1):
-        filler = torch.randint(100, config.vocab_size, (B, args.filler))
-        src = torch.randint(*digit_ids, (B, D))
-        ids = torch.cat([filler, src, torch.full((B, 1), 30), src], 1)
+        ids = _batch(args, config.vocab_size, digit_ids)
         out = model(ids[:, :-1])
         logits = out.logits.view(B, ids.shape[1] - 1, -1)[:, -D:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -D:].reshape(-1))
@@ -54,9 +61,26 @@ def main() -> None:
             history.append({"step": step, "loss": round(loss.item(), 4), "copy_acc": round(acc, 4)})
             print(f"step {step:5d}  loss {loss.item():.3f}  copy accuracy {acc:.3f}  "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-    print(json.dumps({"probe": "copy", "preset": args.preset, "qk_norm": config.qk_norm,
+    print(json.dumps({"probe": "copy", "mode": args.mode, "digit_share": args.digit_share,
+                      "preset": args.preset, "qk_norm": config.qk_norm,
                       "digits": D, "filler": args.filler, "steps": args.steps, "batch": B,
                       "final_copy_acc": round(acc, 4), "history": history}))
+
+
+def _batch(args: argparse.Namespace, vocab_size: int, digit_ids: tuple[int, int]) -> torch.Tensor:
+    """One batch of token ids; the last `digits` tokens are the copy the loss is over."""
+    B, D, sep, mark = args.batch, args.digits, 30, 31
+    filler = torch.randint(100, vocab_size, (B, args.filler))
+    src = torch.randint(*digit_ids, (B, D))
+    if args.mode == "offset":
+        return torch.cat([filler, src, torch.full((B, 1), sep), src], 1)
+    if args.filler < D + 1:
+        raise SystemExit(f"--filler={args.filler} must be at least --digits + 1 in marker mode")
+    look_alike = torch.rand(B, args.filler) < args.digit_share
+    filler[look_alike] = torch.randint(*digit_ids, (int(look_alike.sum()),))
+    for b, at in enumerate(torch.randint(0, args.filler - D, (B,)).tolist()):
+        filler[b, at], filler[b, at + 1:at + 1 + D] = mark, src[b]
+    return torch.cat([filler, torch.full((B, 1), sep), torch.full((B, 1), mark), src], 1)
 
 
 if __name__ == "__main__":

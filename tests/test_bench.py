@@ -174,3 +174,25 @@ def test_sweep_writes_plots_and_a_report_that_embeds_them(bench_run):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name}.png)" in report
+
+
+def test_copy_probe_marker_batches_hide_the_source_after_its_marker():
+    """The marker probe must be solvable by content: the copy target follows the one MARK in the
+    filler, and the filler holds look-alike digits when asked."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "copy_probe.py"
+    spec = importlib.util.spec_from_file_location("copy_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    args = argparse.Namespace(mode="marker", batch=8, digits=5, filler=40, digit_share=0.5)
+    ids = probe._batch(args, 2048, (10, 20))
+    assert ids.shape == (8, 40 + 2 + 5)
+    for row in ids.tolist():
+        filler, target = row[:40], row[-5:]
+        assert row[40:42] == [30, 31] and filler.count(31) == 1
+        at = filler.index(31)
+        assert filler[at + 1:at + 6] == target
+        assert sum(10 <= t < 20 for t in filler) > 5 + 5  # look-alikes beyond the source
