@@ -9,7 +9,7 @@ from clover.cli import main
 from clover.config import get_preset
 from clover.model import build_model
 from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
-from clover.tokenizer import train_tokenizer
+from clover.tokenizer import parse_tool_calls, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,21 @@ def test_eval_prints_metrics_per_format_and_writes_predictions(capsys, model_dir
     assert sum(p["n"] for p in result["by_format"].values()) == 3
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert ids == [e.id for e in generate_examples("test", 3, 0)]
+
+
+def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_path):
+    """Random weights, constrained: every closed `<tool_call>` block the model wrote parses."""
+    out = tmp_path / "preds.jsonl"
+    rc = main(["eval", "airspace", "--model", model_dir, "--n", "4", "--max-tokens", "192",
+               "--max-turns", "1", "--device", "cpu", "--grammar", "--tau", "0.5",
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["grammar"] is True and result["grammar_s"] > 0
+    for line in out.read_text().splitlines():
+        text = json.loads(line)["output"]
+        if text.count("<tool_call>") == text.count("</tool_call>"):  # not cut at max_tokens
+            assert parse_tool_calls(text).errors == []
 
 
 def test_eval_names_a_missing_model_directory(capsys, tmp_path):

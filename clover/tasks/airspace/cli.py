@@ -90,11 +90,14 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     from clover.tasks.airspace.agent import predictions, run_agent
     from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
     from clover.tasks.airspace.scorer import score
+    from clover.tasks.airspace.tools import TOOLS
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else generate_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens)
+    structured = {"tools": TOOLS, "tool_choice": "auto"} if args.grammar else None
+    params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
+                            structured=structured)
     run = run_agent(llm, examples, params, max_turns=args.max_turns)
     preds = predictions(run)
     result = {k: score(preds, examples)[k] for k in (*SUMMARY_KEYS, "errors")}
@@ -105,7 +108,9 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
         result["by_format"][kind] = {"n": len(idx), "zone_f1": round(part["zone_f1"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
-                  policy=args.policy, tau=args.tau, full_task_s=round(run.full_task_s, 1),
+                  policy=args.policy, tau=args.tau, grammar=args.grammar,
+                  grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
+                  full_task_s=round(run.full_task_s, 1),
                   tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
     _print_summary(result)
     for kind, part in result["by_format"].items():
@@ -167,6 +172,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--tau", type=float, default=0.9)
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=384)
     e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
+    e.add_argument("--grammar", action="store_true",
+                   help="constrain every turn to text or tool calls that match the tool schemas")
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")
