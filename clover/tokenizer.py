@@ -35,6 +35,16 @@ SPECIAL_TOKENS: list[str] = [
 ]  # fmt: skip
 
 CHAT_TEMPLATE: str = Path(__file__).with_name("chat_template.jinja").read_text(encoding="utf-8")
+# For single-task models too small to read a system prompt and tool schemas: the same template
+# with system turns and tools left out, so the prompt is the conversation alone. Tools still
+# constrain decoding (grammar) and calls still render and parse as with CHAT_TEMPLATE.
+MESSAGE_ONLY_TEMPLATE: str = (
+    "{#- Clover message-only chat template: system turns and tools are not rendered. -#}\n"
+    "{%- set tools = none -%}\n"
+    "{%- set messages = messages | rejectattr('role', 'in', ['system', 'developer']) | list -%}\n"
+    + CHAT_TEMPLATE
+)
+PROMPT_FORMATS = {"chat": CHAT_TEMPLATE, "message": MESSAGE_ONLY_TEMPLATE}
 
 TOKENIZER_FILE, CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 _SNIPPET_CHARS = 200

@@ -1,6 +1,7 @@
 """Tokenizer contract: fixed special ids, digit splitting, lossless bytes, the chat template and
 tool-call parsing. Builds one small tokenizer in-process; CPU only, no hub."""
 
+import copy
 import json
 import random
 import time
@@ -243,3 +244,24 @@ def test_copied_values_tokenize_as_in_a_tool_call():
         msg = tok.encode(message)
         assert any(in_json[i:i + len(value_ids)] == value_ids for i in range(len(in_json)))
         assert any(msg[i:i + len(value_ids)] == value_ids for i in range(len(msg)))
+
+
+def test_message_only_template_is_the_chat_template_without_system_turn_and_tools(tok):
+    """Single-task models see the conversation alone; everything after the system turn renders
+    exactly as with the full template, so calls and tool results look the same to the model."""
+    from clover.tokenizer import MESSAGE_ONLY_TEMPLATE
+
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "clear_zone", "arguments": '{"zone_id": "Z1"}'}}
+    messages = [{"role": "system", "content": "You plot zones."},
+                {"role": "user", "content": "A1/26 cancelled"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": '{"ok": true}', "tool_call_id": "c1"},
+                {"role": "user", "content": "next"}]
+    full = render_chat(tok, messages, TOOLS)
+    tok_message = copy.deepcopy(tok)
+    tok_message.chat_template = MESSAGE_ONLY_TEMPLATE
+    short = render_chat(tok_message, messages, TOOLS)
+    assert short.startswith("<|user|>A1/26 cancelled<|eos|><|assistant|><tool_call>")
+    assert "<tools>" not in short and "You plot zones." not in short
+    assert full.endswith(short) and full[:-len(short)].startswith("<|system|>You plot zones.")

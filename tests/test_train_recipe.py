@@ -54,10 +54,13 @@ def test_copy_task_answers_with_a_run_of_the_prompt_and_shares_the_task_prefix()
         assert recipes.COPY_INSTRUCTION in text
 
 
-def test_copy_mix_out_of_range_names_the_flag(smoke_recipe, tmp_path):
-    with pytest.raises(ValueError, match="--copy-mix"):
-        recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"), copy_mix=1.0,
-                                           work_dir=str(tmp_path / "w"), device="cpu"))
+@pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.0, "--copy-mix"),
+                                                     ("prompt_format", "terse", "--prompt-format")])
+def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
+    with pytest.raises(ValueError, match=flag):
+        recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
+                                           work_dir=str(tmp_path / "w"), device="cpu",
+                                           **{field: value}))
 
 
 @pytest.mark.slow
@@ -66,15 +69,17 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     register(parser.add_subparsers())
     out, work = tmp_path / "model", tmp_path / "work"
     argv = ["train", "--recipe", "smoke", "--out", str(out), "--work-dir", str(work),
-            "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5"]
+            "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5",
+            "--prompt-format", "message"]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     info = json.loads((out / "training.json").read_text())
-    assert info["copy_mix"] == 0.5
+    assert info["copy_mix"] == 0.5 and info["prompt_format"] == "message"
     assert info["steps"] == 2 and info["recipe"] == "smoke" and info["tokens_seen"] > 0
     assert "copy_consistency" in info and (out / "README.md").is_file()
     model, tok = checkpoint.load(out)
     assert model.config.vocab_size == len(tok) == 512
+    assert recipes.prompt_format(tok) == "message"  # the model directory keeps its prompt format
     args = parser.parse_args([*argv, "--resume", "--steps", "3"])
     assert args.func(args) == 0
     assert json.loads((out / "training.json").read_text())["steps"] == 3

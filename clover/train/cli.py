@@ -18,7 +18,8 @@ def _train(args: argparse.Namespace) -> int:
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
         device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
-        sharpen=args.sharpen, save_dtype=args.save_dtype, copy_mix=args.copy_mix))
+        sharpen=args.sharpen, save_dtype=args.save_dtype, copy_mix=args.copy_mix,
+        prompt_format=args.prompt_format))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
     return 0
@@ -52,5 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="dtype of the final model's stored weights (bfloat16: half the size)")
     p.add_argument("--copy-mix", type=float, default=0.0, metavar="F",
                    help="share of examples that are a repeat-the-message task (teaches copying)")
+    p.add_argument("--prompt-format", default="chat", choices=["chat", "message"],
+                   help="message: prompts are the conversation alone, no system turn or tool "
+                        "schemas (for single-task models too small to read them)")
     p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     p.set_defaults(func=_train)

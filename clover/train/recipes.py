@@ -21,6 +21,7 @@ import torch
 from clover import checkpoint
 from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
+from clover.tokenizer import PROMPT_FORMATS
 from clover.train.data import TokenExample, sft_example
 from clover.train.loop import DistEnv, TrainConfig, Trainer
 
@@ -96,7 +97,8 @@ COPY_INSTRUCTION = "Repeat the start of this message word for word.\n"
 def copy_task(tokenizer, examples: list, max_tokens: int = 64) -> list[TokenExample]:
     """Repeat examples that teach copying (induction heads) on the task's own text.
 
-    Same system turn and tools as the task (so the shared-prefix speed-up still applies); the user
+    Rendered like the task's prompts (same system turn and tools where the template shows them, so
+    the shared-prefix speed-up still applies); the user
     turn is `COPY_INSTRUCTION` + a message; the response is the message's first `max_tokens`
     tokens + EOS. Every target is a copy from the context, against ~25 copied digits in a tool call.
     """
@@ -233,6 +235,7 @@ class RunArgs:
     sharpen: float = 0.0
     save_dtype: str = "float32"  # dtype of the final model directory's weights
     copy_mix: float = 0.0  # share of training examples that are the repeat task (`copy_task`)
+    prompt_format: str = "chat"  # chat: system turn + tools; message: the conversation alone
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -242,6 +245,11 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
+    if args.prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
+                         f"{', '.join(PROMPT_FORMATS)}")
+    if not 0.0 <= args.copy_mix < 1.0:
+        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1)")
     config = recipe_config(recipe, args.attention, args.shift_logits)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
@@ -253,8 +261,6 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         sharpen_coef=args.sharpen, resume=args.resume, eval_every=0, save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
-    if not 0.0 <= args.copy_mix < 1.0:
-        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1)")
     num_train = train_cfg.steps * train_cfg.batch_size
     drawn = generate_examples("train", num_train, seed=args.seed)
     num_copy = round(args.copy_mix * num_train)
@@ -282,15 +288,21 @@ def _tokenizer(args: RunArgs, config: ModelConfig, recipe: Recipe, work: Path):
     """The init model's tokenizer, the one saved in the work dir (resume), or a new one."""
     from clover.tokenizer import load_tokenizer, save_tokenizer
 
-    if args.init_from:
+    if args.init_from:  # the prompt format travels with the model's chat template
         return load_tokenizer(args.init_from)
     saved = work / "tokenizer"
     if args.resume and (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)  # (building is deterministic too; this is just faster)
     tok = build_tokenizer(config.vocab_size, recipe.tokenizer_examples, args.seed)
+    tok.chat_template = PROMPT_FORMATS[args.prompt_format]
     if DistEnv.from_environ().is_main:
         save_tokenizer(tok, saved)
     return tok
+
+
+def prompt_format(tokenizer) -> str:
+    """Which of `PROMPT_FORMATS` a tokenizer's chat template is ("custom" if none)."""
+    return next((k for k, v in PROMPT_FORMATS.items() if v == tokenizer.chat_template), "custom")
 
 
 def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Trainer,
@@ -301,7 +313,8 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
-        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "save_dtype": args.save_dtype,
+        "sharpen": args.sharpen, "copy_mix": args.copy_mix,
+        "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
         "device": str(trainer.device), "processes": trainer.env.world,
