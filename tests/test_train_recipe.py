@@ -54,7 +54,7 @@ def test_copy_task_answers_with_a_run_of_the_prompt_and_shares_the_task_prefix()
         assert recipes.COPY_INSTRUCTION in text
 
 
-@pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.0, "--copy-mix"),
+@pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.5, "--copy-mix"),
                                                      ("prompt_format", "terse", "--prompt-format")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):

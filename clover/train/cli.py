@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="dtype of the final model's stored weights (bfloat16: half the size)")
     p.add_argument("--copy-mix", type=float, default=0.0, metavar="F",
-                   help="share of examples that are a repeat-the-message task (teaches copying)")
+                   help="share of examples that are a repeat-the-message task (teaches copying; "
+                        "1 for a copy-only warm-up run to --init-from)")
     p.add_argument("--prompt-format", default="chat", choices=["chat", "message"],
                    help="message: prompts are the conversation alone, no system turn or tool "
                         "schemas (for single-task models too small to read them)")

@@ -248,8 +248,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
                          f"{', '.join(PROMPT_FORMATS)}")
-    if not 0.0 <= args.copy_mix < 1.0:
-        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1)")
+    if not 0.0 <= args.copy_mix <= 1.0:
+        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     config = recipe_config(recipe, args.attention, args.shift_logits)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
