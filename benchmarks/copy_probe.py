@@ -39,11 +39,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0, help="weights and data")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                    help="override a config field, e.g. --set num_experts=0 (repeatable)")
     args = ap.parse_args()
     over = {} if args.qk_norm == "preset" else {"qk_norm": args.qk_norm == "on"}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: use FIELD=VALUE, e.g. --set num_experts=0")
+        over[field] = json.loads(value)
     config = get_preset(args.preset, attention="causal", block_size=1, **over)
-    torch.manual_seed(0)
-    model = build_model(config, seed=0)
+    torch.manual_seed(args.seed)
+    model = build_model(config, seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     D, B = args.digits, args.batch
     digit_ids = (10, 20)  # any ten ordinary token ids stand in for the digits (30, 31: SEP, MARK)
@@ -62,8 +70,9 @@ def main() -> None:
             print(f"step {step:5d}  loss {loss.item():.3f}  copy accuracy {acc:.3f}  "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
     print(json.dumps({"probe": "copy", "mode": args.mode, "digit_share": args.digit_share,
-                      "preset": args.preset, "qk_norm": config.qk_norm,
-                      "digits": D, "filler": args.filler, "steps": args.steps, "batch": B,
+                      "preset": args.preset, "overrides": over, "qk_norm": config.qk_norm,
+                      "digits": D, "filler": args.filler, "seed": args.seed,
+                      "steps": args.steps, "batch": B,
                       "final_copy_acc": round(acc, 4), "history": history}))
 
 

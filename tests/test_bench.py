@@ -180,13 +180,8 @@ def test_copy_probe_marker_batches_hide_the_source_after_its_marker():
     """The marker probe must be solvable by content: the copy target follows the one MARK in the
     filler, and the filler holds look-alike digits when asked."""
     import argparse
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "copy_probe.py"
-    spec = importlib.util.spec_from_file_location("copy_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _load_script("copy_probe")
     args = argparse.Namespace(mode="marker", batch=8, digits=5, filler=40, digit_share=0.5)
     ids = probe._batch(args, 2048, (10, 20))
     assert ids.shape == (8, 40 + 2 + 5)
@@ -196,3 +191,31 @@ def test_copy_probe_marker_batches_hide_the_source_after_its_marker():
         at = filler.index(31)
         assert filler[at + 1:at + 6] == target
         assert sum(10 <= t < 20 for t in filler) > 5 + 5  # look-alikes beyond the source
+
+
+def _load_script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_copy_check_scores_a_causal_model_and_refuses_a_block_model(tmp_path):
+    """Teacher-forced accuracies are shares in [0, 1] over the real answer tokens; a block model
+    (whose forward sees the answer) is refused by name instead of reporting a fake accuracy."""
+    copy_check = _load_script("copy_check")
+    train = generate_examples("train", 200, seed=1)
+    texts = [e.text for e in train] + [assistant_text(e.calls) for e in train] + [SYSTEM_PROMPT]
+    tok = train_tokenizer(texts, vocab_size=512)
+    for attention, block in (("causal", 1), ("block", 4)):
+        config = get_preset("tiny", attention=attention, block_size=block, max_seq_len=4096)
+        save(build_model(config, seed=0), tok, tmp_path / attention)
+    result = copy_check.check(str(tmp_path / "causal"), n=3)
+    assert 0.0 <= result["digit_acc"] <= 1.0 and 0.0 <= result["copy_acc"] <= 1.0
+    assert result["digit_tokens"] > 0 and 0 in result["copy_acc_by_position"]
+    with pytest.raises(SystemExit, match="block attention"):
+        copy_check.check(str(tmp_path / "block"), n=1)
