@@ -219,3 +219,18 @@ def test_copy_check_scores_a_causal_model_and_refuses_a_block_model(tmp_path):
     assert result["digit_tokens"] > 0 and 0 in result["copy_acc_by_position"]
     with pytest.raises(SystemExit, match="block attention"):
         copy_check.check(str(tmp_path / "block"), n=1)
+
+
+def test_copy_probe_token_conv_is_causal_and_mixes_earlier_tokens():
+    """The probe's canon layer may look back K - 1 positions and never forward."""
+    probe = _load_script("copy_probe")
+    conv = probe.TokenConv(dim=8, width=3)
+    x = torch.randn(2, 10, 8)
+    later = x.clone()
+    later[:, 6:] += 1.0  # change positions 6.. only
+    y, y_later = conv(x), conv(later)
+    assert torch.equal(y[:, :6], y_later[:, :6])
+    earlier = x.clone()
+    earlier[:, 4] += 1.0  # reaches positions 4, 5, 6 and no further
+    changed = (conv(earlier) - y).abs().sum(-1)[0] > 0
+    assert changed.tolist() == [False] * 4 + [True] * 3 + [False] * 3
