@@ -44,7 +44,7 @@ def check(path: str, n: int) -> dict:
     if model.config.attention != "causal":
         raise SystemExit(f"{path}: {model.config.attention} attention; teacher forcing needs a "
                          "causal model (the AR twin, or its checkpoints)")
-    examples = generate_examples("validation", n, seed=0)[:n]
+    examples = generate_examples("validation", n, seed=0)
     digit = torch.tensor([tok.decode([i]).strip().isdigit() for i in range(len(tok))])
     task = airspace_sft(tok, examples)
     hits = answer_hits(model, task)

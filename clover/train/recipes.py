@@ -98,9 +98,9 @@ def copy_task(tokenizer, examples: list, max_tokens: int = 64) -> list[TokenExam
     """Repeat examples that teach copying (induction heads) on the task's own text.
 
     Rendered like the task's prompts (same system turn and tools where the template shows them, so
-    the shared-prefix speed-up still applies); the user
-    turn is `COPY_INSTRUCTION` + a message; the response is the message's first `max_tokens`
-    tokens + EOS. Every target is a copy from the context, against ~25 copied digits in a tool call.
+    the shared-prefix speed-up still applies); the user turn is `COPY_INSTRUCTION` + a message;
+    the response is the message's first `max_tokens` tokens + EOS. Every target is a copy from
+    the context, against ~25 copied digits in a tool call.
     """
     from clover.tasks.airspace import SYSTEM_PROMPT, TOOLS
     from clover.tokenizer import render_chat
