@@ -29,6 +29,7 @@ from clover.train import (
 )
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
+from clover.train.loop import close_distributed
 from clover.train.objectives import Noise, confident_entropy_sum
 
 
@@ -330,7 +331,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     trainer.fit()
     weights = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     Path(out_dir, f"{rank}.json").write_text(json.dumps([trainer.state.losses, weights]))
-    torch.distributed.destroy_process_group()
+    close_distributed()
 
 
 def test_two_process_gloo_matches_one_process():

@@ -156,6 +156,16 @@ def init_distributed(env: DistEnv, device: torch.device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
+def close_distributed() -> None:
+    """Leave the process group cleanly: wait for every rank, then destroy it.
+
+    A rank that tears gloo down while a peer still talks to it can abort the peer
+    ("terminate called without an active exception"), so all ranks meet first."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -23,7 +23,7 @@ from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
 from clover.tokenizer import PROMPT_FORMATS
 from clover.train.data import TokenExample, sft_example
-from clover.train.loop import DistEnv, TrainConfig, Trainer
+from clover.train.loop import DistEnv, TrainConfig, Trainer, close_distributed
 
 SPECIAL_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|eos|>")
 
@@ -281,6 +281,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
             "training.json": json.dumps(info, indent=2) + "\n",
             "README.md": _readme(config, info)}, dtype=getattr(torch, args.save_dtype))
         summary["out"] = str(out)
+    close_distributed()
     return summary
 
 
