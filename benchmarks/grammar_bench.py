@@ -35,6 +35,7 @@ from clover.tasks.airspace import (
     generate_examples,
     score,
 )
+from clover.tasks.airspace.contract import strict_tools
 from clover.tokenizer import parse_tool_calls, train_tokenizer
 
 
@@ -81,6 +82,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="test-split examples")
     ap.add_argument("--tau", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     ap.add_argument("--tool-choice", default="auto", choices=["auto", "required"])
+    ap.add_argument("--schemas", default="strict", choices=["strict", "shown"],
+                    help="strict: the argument contract (clover.tasks.airspace.contract), so "
+                         "every call is valid; shown: the plain schemas the model is shown")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
@@ -89,7 +93,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     llm, name = load_llm(args.model, args.device)
     examples = generate_examples("test", args.n)
-    structured = {"tools": TOOLS, "tool_choice": args.tool_choice}
+    tools = strict_tools() if args.schemas == "strict" else TOOLS
+    structured = {"tools": tools, "tool_choice": args.tool_choice}
     for warm in (None, structured):  # warm-up at full batch; the grammar is compiled once
         run(llm, examples, SamplingParams(max_tokens=32, structured=warm))
     results = []
@@ -103,6 +108,7 @@ def main() -> None:
                       "threads": torch.get_num_threads(),
                       "device": str(llm.engine.runner.device), "model": name,
                       "examples": args.n, "split": "test", "tool_choice": args.tool_choice,
+                      "schemas": args.schemas,
                       "max_tokens": args.max_tokens, "results": results}))
 
 

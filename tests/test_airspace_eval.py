@@ -9,6 +9,8 @@ from clover.cli import main
 from clover.config import get_preset
 from clover.model import build_model
 from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
+from clover.tasks.airspace.tools import interpret_call
+from clover.tasks.airspace.tools import parse_tool_calls as parse_calls
 from clover.tokenizer import parse_tool_calls, train_tokenizer
 
 
@@ -48,6 +50,8 @@ def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_pa
         text = json.loads(line)["output"]
         if text.count("<tool_call>") == text.count("</tool_call>"):  # not cut at max_tokens
             assert parse_tool_calls(text).errors == []
+            for call in parse_calls(text).calls:  # and the scorer accepts every argument
+                interpret_call(call["name"], call["arguments"])
 
 
 def test_eval_names_a_missing_model_directory(capsys, tmp_path):

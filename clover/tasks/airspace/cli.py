@@ -88,14 +88,14 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     """Decode a split with a model through the agent loop, score it, break it down by format."""
     from clover.engine import LLM, SamplingParams
     from clover.tasks.airspace.agent import predictions, run_agent
+    from clover.tasks.airspace.contract import strict_tools
     from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
     from clover.tasks.airspace.scorer import score
-    from clover.tasks.airspace.tools import TOOLS
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else generate_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    structured = {"tools": TOOLS, "tool_choice": "auto"} if args.grammar else None
+    structured = {"tools": strict_tools(), "tool_choice": "auto"} if args.grammar else None
     params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
                             structured=structured)
     run = run_agent(llm, examples, params, max_turns=args.max_turns)
@@ -173,7 +173,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=384)
     e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
     e.add_argument("--grammar", action="store_true",
-                   help="constrain every turn to text or tool calls that match the tool schemas")
+                   help="constrain every turn to text or tool calls that keep the argument "
+                        "contract (clover.tasks.airspace.contract): every call is valid")
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")

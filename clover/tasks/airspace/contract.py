@@ -1,0 +1,119 @@
+"""The argument contract as JSON Schema: tools that allow every value the scorer reads, no other.
+
+`TOOLS` (in `tools.py`) is what the model is shown: short schemas with plain `string` and `number`
+types. `STRICT_TOOLS` is what a grammar enforces: the same tools with patterns, ranges and
+`anyOf` branches drawn from the parsers in `normalise.py`, so a call that matches its schema is
+one `interpret_call` accepts. Under `clover eval airspace --grammar` every call the model closes
+is therefore valid by construction, whatever the model is.
+
+- `centre`: coordinates in every layout `parse_centre` reads (packed DDMMSS / DDMM / decimal,
+  spaced or with degree symbols, hemisphere first or last, the Chinese 北纬/东经 form, signed
+  decimals), with degrees, minutes and seconds in range; or an ICAO code or Chinese airport name
+  the task can name (`place_names`).
+- `start` / `end`: a real calendar date and time, UTC `Z` or an offset of at most 14 hours; null.
+- `radius`: a positive number below 2,000 km in NM, KM or M.
+- `lower` / `upper`: `SFC`, `UNL`, a flight level, or a value in FT or M with its reference.
+
+Not enforced (the scorer does not need them): that a zone id looks like a NOTAM number, and that
+`replaces` is given when `action` is `replace`.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+from clover.tasks.airspace.tools import TOOLS
+
+# ---- coordinates ---------------------------------------------------------------------------------
+# Regex pieces (JSON Schema `pattern` dialect: no lookaround, no backreferences).
+_FRAC = r"(\.[0-9]{1,6})?"
+_MIN = "[0-5][0-9]"  # minutes and seconds: 00-59
+_LAT_DEG = "[0-8]?[0-9]"  # 0-89 (a pole is no place for a drone zone)
+_LON_DEG = "(1[0-7][0-9]|0?[0-9]?[0-9])"  # 0-179, padded or not
+# One number with a hemisphere: packed DD[MM[SS]] / DDD[MM[SS]] (parse_centre's _unpack) or
+# plain degrees of fewer digits, decimals on the last field only.
+_LAT_PACKED = f"([0-8][0-9]({_MIN}({_MIN})?)?|[0-9]){_FRAC}"
+_LON_PACKED = f"((1[0-7][0-9]|0[0-9][0-9])({_MIN}({_MIN})?)?|[0-9]?[0-9]){_FRAC}"
+# Two or three numbers: degrees, minutes[, seconds], each followed by a symbol or a space.
+_SEP_DEG = "(°|° | )"
+_SEP_MIN = "(′|'|′ |' | )"
+_END_SEC = "(″|\"|'')?"
+
+
+def _dms(deg: str) -> str:
+    return f"{deg}{_SEP_DEG}{_MIN}({_FRAC}|{_SEP_MIN}{_MIN}{_FRAC}{_END_SEC})"
+
+
+def _part(packed: str, deg: str) -> str:
+    """One coordinate's value: packed, or degrees and minutes (and seconds) with separators."""
+    return f"(({packed})°?|{_dms(deg)}|{_dms(deg)}′)"
+
+
+_LAT = _part(_LAT_PACKED, _LAT_DEG)
+_LON = _part(_LON_PACKED, _LON_DEG)
+_BETWEEN = "( |, |,|/| / |、|)"
+_HEMI_LAST = f"{_LAT} ?[NS]{_BETWEEN}{_LON} ?[EW]"
+_HEMI_FIRST = f"([NS] ?|北纬|南纬){_LAT}{_BETWEEN}([EW] ?|东经|西经){_LON}"
+_SIGNED = f"[-+]?{_LAT_DEG}{_FRAC}(, |,| ){'[-+]?'}{_LON_DEG}{_FRAC}"
+COORDINATES = f"^({_HEMI_LAST}|{_HEMI_FIRST}|{_SIGNED})$"
+
+# ---- times ---------------------------------------------------------------------------------------
+_MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+              "|02-(0[1-9]|1[0-9]|2[0-8]))")
+_LEAP_DAY = "20([02468][048]|[13579][26])-02-29"
+_CLOCK = "(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)"
+_ZONE = "(Z|[-+](0[0-9]|1[0-4]):[0-5][0-9])"
+TIME = f"^(20[0-9][0-9]-{_MONTH_DAY}|{_LEAP_DAY})T{_CLOCK}{_ZONE}$"
+
+# ---- the schemas ---------------------------------------------------------------------------------
+_HEIGHT = {"type": "number", "minimum": 0, "maximum": 999999}
+_LIMIT = {"anyOf": [
+    {"type": "object", "properties": {"value": _HEIGHT, "unit": {"enum": ["FT", "M"]},
+                                      "ref": {"enum": ["SFC", "AMSL", "AGL"]}},
+     "required": ["value", "unit", "ref"], "additionalProperties": False},
+    {"type": "object", "properties": {"value": _HEIGHT, "unit": {"const": "FL"},
+                                      "ref": {"const": "STD"}},
+     "required": ["value", "unit"], "additionalProperties": False},
+    {"type": "object", "properties": {"unit": {"const": "UNL"}},
+     "required": ["unit"], "additionalProperties": False},
+]}
+_TIME = {"anyOf": [{"type": "string", "pattern": TIME}, {"type": "null"}]}
+
+
+@cache
+def place_names() -> tuple[str, ...]:
+    """Every place the task's messages name instead of coordinates: the ICAO codes of all
+    splits' airports and the Chinese airport names, each of which `resolve_place` knows."""
+    from clover.tasks.airspace.places import CN_AIRPORTS, SPLITS, airport_pools
+
+    codes = {a["icao"] for split in SPLITS for pool in airport_pools(split).values()
+             for a in pool}
+    return tuple(sorted(codes)) + tuple(names[0] for names in CN_AIRPORTS.values())
+
+
+@cache
+def strict_tools() -> list[dict]:
+    """`TOOLS` with the contract enforced. Cached: callers must not mutate it."""
+    tools = copy.deepcopy(TOOLS)
+    params = tools[0]["function"]["parameters"]
+    props: dict[str, Any] = params["properties"]
+    props["zone_id"] = {"type": "string", "minLength": 1, "maxLength": 40}
+    props["label"] = {"type": "string", "maxLength": 80}
+    props["centre"] = {"anyOf": [{"type": "string", "pattern": COORDINATES},
+                                 {"enum": list(place_names())}]}
+    props["radius"] = {
+        "type": "object",
+        "properties": {"value": {"type": "number", "exclusiveMinimum": 0, "maximum": 999999},
+                       "unit": {"enum": ["NM", "KM", "M"]}},
+        "required": ["value", "unit"], "additionalProperties": False}
+    props["lower"], props["upper"] = _LIMIT, _LIMIT
+    props["start"], props["end"] = _TIME, _TIME
+    props["action"] = {"enum": ["create", "replace", "delete"]}
+    props["replaces"] = {"type": "string", "minLength": 1, "maxLength": 40}
+    params["additionalProperties"] = False
+    clear = tools[1]["function"]["parameters"]
+    clear["properties"]["zone_id"] = {"type": "string", "minLength": 1, "maxLength": 40}
+    clear["additionalProperties"] = False
+    return tools
