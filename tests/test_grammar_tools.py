@@ -137,3 +137,15 @@ def test_lark_names_the_tags_by_id_or_text():
     lark = tool_call_lark(SMALL_TOOLS, "required", open_token=7, close_token=8)
     assert "<[7]>" in lark and "<[8]>" in lark
     assert '"<tool_call>"' in tool_call_lark(SMALL_TOOLS, "required")
+
+
+def test_parallel_tool_calls_false_allows_one_call_at_most(tok):
+    call = '<tool_call>{"name": "clear_zone", "arguments": {"zone_id": "A1"}}</tool_call>'
+    one = {"tools": SMALL_TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    assert accepts(tok, one, call)
+    assert not accepts(tok, one, call + "\n" + call)
+    assert accepts(tok, {**one, "parallel_tool_calls": True}, call + "\n" + call)
+    with pytest.raises(ValueError, match="parallel_tool_calls"):
+        compile_matcher({**one, "parallel_tool_calls": "no"}, tok, VOCAB, EOS)
+    with pytest.raises(ValueError, match="only goes with"):
+        compile_matcher({"regex": "a", "parallel_tool_calls": False}, tok, VOCAB, EOS)

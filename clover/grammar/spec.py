@@ -7,7 +7,8 @@ Accepted forms, exactly one key (plus `tool_choice` beside `tools`):
   {"lark": "..."}                             a Lark grammar (llguidance syntax)
   {"choice": ["a", "b"]}                      exactly one of the strings
   {"tools": [...], "tool_choice": "auto" | "required" | "none" | {"type": "function",
-   "function": {"name": ...}}}                text and/or <tool_call> blocks (see tools.py)
+   "function": {"name": ...}}}                text and/or <tool_call> blocks (see tools.py);
+   "parallel_tool_calls": false beside them allows at most one call (OpenAI's flag)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from clover.tokenizer import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 FORMS = ("json_schema", "json_object", "regex", "lark", "choice", "tools")
 _WRAPPER_KEYS = {"schema", "name", "strict", "description"}
+_TOOL_OPTIONS = ("tool_choice", "parallel_tool_calls")
 
 
 def grammar_spec(structured: Any, tokenizer: Any = None) -> GrammarSpec:
@@ -28,12 +30,13 @@ def grammar_spec(structured: Any, tokenizer: Any = None) -> GrammarSpec:
     if not isinstance(structured, dict):
         raise ValueError(f"structured must be a dict such as {{'json_schema': {{...}}}} "
                          f"(got {type(structured).__name__})")
-    keys = [k for k in structured if k != "tool_choice"]
+    keys = [k for k in structured if k not in _TOOL_OPTIONS]
     if len(keys) != 1 or keys[0] not in FORMS:
         raise ValueError(f"structured must have exactly one of the keys {FORMS} "
                          f"(got {sorted(structured)})")
-    if "tool_choice" in structured and keys[0] != "tools":
-        raise ValueError('structured["tool_choice"] only goes with structured["tools"]')
+    for option in _TOOL_OPTIONS:
+        if option in structured and keys[0] != "tools":
+            raise ValueError(f'structured["{option}"] only goes with structured["tools"]')
     form, value = keys[0], structured[keys[0]]
     return _BUILDERS[form](value, structured, tokenizer)
 
@@ -75,8 +78,12 @@ def _choice(value: Any, _structured: dict, _tok: Any) -> GrammarSpec:
 def _tools(value: Any, structured: dict, tokenizer: Any) -> GrammarSpec:
     ids = [special_token_id(tokenizer, t) if tokenizer is not None else None
            for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)]
+    parallel = structured.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ValueError(f'structured["parallel_tool_calls"] must be true or false '
+                         f"(got {parallel!r})")
     lark = tool_call_lark(value, structured.get("tool_choice", "auto"),
-                          open_token=ids[0], close_token=ids[1])
+                          open_token=ids[0], close_token=ids[1], parallel=parallel)
     return GrammarSpec("lark", lark)
 
 

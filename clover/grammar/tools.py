@@ -61,13 +61,15 @@ def chosen_names(names: list[str], tool_choice: Any) -> tuple[str, list[str]]:
 
 
 def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | None = None,
-                   close_token: int | None = None) -> str:
+                   close_token: int | None = None, parallel: bool = True) -> str:
     """Lark source for one assistant turn. open/close_token: the ids of `<tool_call>` and
-    `</tool_call>` (None: match them as plain text, for tokenizers without those tokens)."""
+    `</tool_call>` (None: match them as plain text, for tokenizers without those tokens).
+    parallel=False: at most one call (OpenAI's `parallel_tool_calls: false`)."""
     schemas = normalize_tools(tools)
     mode, names = chosen_names(list(schemas), tool_choice)
     start = {"auto": "TEXT | TEXT? calls", "required": "calls", "none": "TEXT"}[mode]
-    lines = [f"start: {start}", r'calls: call ("\n" call)*',
+    calls = r'call ("\n" call)*' if parallel else "call"
+    lines = [f"start: {start}", f"calls: {calls}",
              f"call: {_tag(open_token, TOOL_CALL_OPEN)} body {_tag(close_token, TOOL_CALL_CLOSE)}",
              "body: " + " | ".join(f"fn_{i}" for i in range(len(names)))]
     lines += [f"fn_{i}: %json {json.dumps(call_schema(n, schemas[n]), ensure_ascii=False)}"

@@ -213,7 +213,8 @@ class CloverServer:
                            'tool_choice "none")', param="response_format")
         if self.grammar is not None:
             named = {"name": choice} if choice not in ("auto", "required") else choice
-            return {"tools": tools, "tool_choice": named}, ""
+            return {"tools": tools, "tool_choice": named,
+                    "parallel_tool_calls": req.parallel_tool_calls}, ""
         return None, _forced_prefix(choice)
 
     def _params(self, req: Any, prompt_len: int, max_tokens: int | None,
