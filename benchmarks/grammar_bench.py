@@ -39,6 +39,7 @@ from clover.engine import LLM, SamplingParams
 from clover.engine.llm import EngineStats
 from clover.model import build_model
 from clover.tasks.airspace import (
+    ANSWER_MAX_TOKENS,
     SYSTEM_PROMPT,
     TOOLS,
     assistant_text,
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--schemas", default="strict", choices=["strict", "shown"],
                     help="strict: the argument contract (clover.tasks.airspace.contract), so "
                          "every call is valid; shown: the plain schemas the model is shown")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=ANSWER_MAX_TOKENS)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
     args = ap.parse_args()

@@ -17,7 +17,12 @@ from typing import Any
 import torch
 
 from clover.engine import LLM, SamplingParams
-from clover.tasks.airspace import generate_examples, load_messages_jsonl, score
+from clover.tasks.airspace import (
+    ANSWER_MAX_TOKENS,
+    generate_examples,
+    load_messages_jsonl,
+    score,
+)
 from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
 from clover.tasks.airspace.scorer import match_zones
 
@@ -36,7 +41,7 @@ class DemoConfig:
     out: str = "runs/demo"
     policy: str = "threshold"
     tau: float = 0.9
-    max_tokens: int = 384
+    max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
     device: str = "auto"
     dtype: str = "auto"

@@ -3,10 +3,12 @@
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from clover.tasks.airspace import (
+    ANSWER_MAX_TOKENS,
     NO_ZONE_REPLY,
     Cancel,
     ZoneRegistry,
@@ -20,6 +22,7 @@ from clover.tasks.airspace import (
 )
 from clover.tasks.airspace.places import airport_pools
 from clover.tasks.airspace.writing import num_text
+from clover.tokenizer import load_tokenizer
 
 HELDOUT_PHRASES = ("SEGREGATED AREA", "RPAS FLIGHTS", "REMOTELY PILOTED", "SUAS OPS", "SWARM",
                    "划设临时禁飞区", "RPA operations")  # fmt: skip
@@ -206,3 +209,27 @@ def test_texts_look_like_their_formats(train):
                 assert len(q) == 8 and re.fullmatch(r"\d{4}[NS]\d{5}[EW]\d{3}", q[7]), part
             if part.startswith("!"):
                 assert re.match(r"!(FDC \d/\d{4}|[A-Z0-9]{3} \d{2}/\d{3}) ", part), part
+
+
+@pytest.mark.parametrize("name", ["clover-tiny", "clover-tiny-ar"])
+def test_gold_answers_fit_the_default_max_tokens(name):
+    """eval / demo / bench decode with max_tokens ANSWER_MAX_TOKENS: a right answer is never
+    cut (a cut call is scored invalid), with some room to spare for the model's own spelling."""
+    root = Path(__file__).resolve().parents[1] / "models" / name
+    tok = load_tokenizer(root)
+    longest = {}
+    for split, n in (("train", 1500), ("validation", 500), ("test", 500), ("heldout", 200)):
+        longest[split] = max(len(tok.encode(assistant_text(reference_calls(e)),
+                                            add_special_tokens=False))
+                             for e in generate_examples(split, n, seed=0))
+    assert max(longest.values()) <= 0.95 * ANSWER_MAX_TOKENS, longest
+
+
+def test_every_decoder_of_the_task_uses_the_answer_budget():
+    from clover.bench.config import BenchConfig
+    from clover.demo import DemoConfig
+    from clover.train.recipes import RECIPES
+
+    assert BenchConfig().max_tokens == ANSWER_MAX_TOKENS
+    assert DemoConfig().max_tokens == ANSWER_MAX_TOKENS
+    assert RECIPES["airspace-tiny"].eval_max_tokens == ANSWER_MAX_TOKENS

@@ -15,6 +15,7 @@ from typing import Any
 
 from clover.bench.quant import INT4_NOTE, PRECISIONS
 from clover.engine import SamplingParams
+from clover.tasks.airspace import ANSWER_MAX_TOKENS
 
 DEFAULT_MODEL = "models/clover-tiny"
 DEFAULT_AR_MODEL = "models/clover-tiny-ar"
@@ -46,7 +47,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 8)
     precisions: tuple[str, ...] = ("fp32", "int8")
     repeats: int = 3
-    max_tokens: int = 640
+    max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
     grammar: bool = False  # constrain tool calls with the tool-call grammar
     device: str = "auto"

@@ -8,6 +8,7 @@ in `tools.py`; unit conversions in `normalise.py`; splits in `places.py`.
 """
 
 from clover.tasks.airspace.data import (
+    ANSWER_MAX_TOKENS,
     Example,
     assistant_text,
     example_from_record,
@@ -34,5 +35,5 @@ __all__ = [
     "SPLITS", "TOOLS", "SYSTEM_PROMPT", "NO_ZONE_REPLY", "Example", "Zone", "Limit", "Cancel",
     "ZoneRegistry", "generate_examples", "reference_calls", "assistant_text", "normalise_call",
     "interpret_call", "parse_tool_calls", "parse_centre", "score", "read_prediction",
-    "load_messages_jsonl", "write_jsonl", "example_from_record",
+    "load_messages_jsonl", "write_jsonl", "example_from_record", "ANSWER_MAX_TOKENS",
 ]  # fmt: skip

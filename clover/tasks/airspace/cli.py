@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clover.tasks.airspace.data import ANSWER_MAX_TOKENS
+
 
 @dataclass(frozen=True)
 class TaskCommands:
@@ -170,7 +172,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--messages", default=None, help="JSONL {id, text, zones} instead of a split")
     e.add_argument("--policy", default="threshold")
     e.add_argument("--tau", type=float, default=0.9)
-    e.add_argument("--max-tokens", dest="max_tokens", type=int, default=384)
+    e.add_argument("--max-tokens", dest="max_tokens", type=int, default=ANSWER_MAX_TOKENS,
+                   help=f"per turn (default {ANSWER_MAX_TOKENS}: the longest gold answer fits)")
     e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
     e.add_argument("--grammar", action="store_true",
                    help="constrain every turn to text or tool calls that keep the argument "

@@ -30,6 +30,10 @@ from clover.tasks.airspace.tools import (
 
 MULTI_TURN_P = 0.08
 ACK_REPLY = "Done."
+# Room for one assistant answer, in tokens: the longest gold answer of any split is 718 tokens
+# with the shipped tokenizer (train; 699 in test, 573 in heldout; five calls). A smaller
+# max_tokens cuts right answers, and a cut call is scored invalid (tests/test_airspace_data.py).
+ANSWER_MAX_TOKENS = 768
 
 
 @dataclass(kw_only=True)
