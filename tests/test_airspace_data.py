@@ -214,7 +214,7 @@ def test_texts_look_like_their_formats(train):
 @pytest.mark.parametrize("name", ["clover-tiny", "clover-tiny-ar"])
 def test_gold_answers_fit_the_default_max_tokens(name):
     """eval / demo / bench decode with max_tokens ANSWER_MAX_TOKENS: a right answer is never
-    cut (a cut call is scored invalid), with some room to spare for the model's own spelling."""
+    cut (a cut call is scored invalid), with 30% to spare for the model's own spelling."""
     root = Path(__file__).resolve().parents[1] / "models" / name
     tok = load_tokenizer(root)
     longest = {}
@@ -222,7 +222,7 @@ def test_gold_answers_fit_the_default_max_tokens(name):
         longest[split] = max(len(tok.encode(assistant_text(reference_calls(e)),
                                             add_special_tokens=False))
                              for e in generate_examples(split, n, seed=0))
-    assert max(longest.values()) <= 0.95 * ANSWER_MAX_TOKENS, longest
+    assert 1.3 * max(longest.values()) <= ANSWER_MAX_TOKENS, longest
 
 
 def test_every_decoder_of_the_task_uses_the_answer_budget():

@@ -39,7 +39,7 @@ class Recipe:
     warmup_steps: int = 30
     num_val: int = 48  # validation examples (loss with fixed noise)
     num_eval: int = 16  # examples decoded and scored at the end (needs clover.engine)
-    eval_max_tokens: int = 768  # clover.tasks.airspace.ANSWER_MAX_TOKENS: no right answer is cut
+    eval_max_tokens: int = 1024  # clover.tasks.airspace.ANSWER_MAX_TOKENS: no right answer is cut
     tokenizer_examples: int = 3000  # training examples the tokenizer is trained on
     description: str = ""
 
@@ -183,7 +183,7 @@ def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverM
 
 # ---- evaluation ---------------------------------------------------------------------------------
 
-def airspace_evaluator(tokenizer, examples: list, max_tokens: int = 768):
+def airspace_evaluator(tokenizer, examples: list, max_tokens: int = 1024):
     """Decode `examples` with the engine (greedy) and score the tool calls; None if no engine."""
     try:
         from clover.engine import LLM, SamplingParams
