@@ -24,6 +24,7 @@ from clover.tasks.airspace import (
     score,
 )
 from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
+from clover.tasks.airspace.contract import strict_tools
 from clover.tasks.airspace.scorer import match_zones
 
 DEFAULT_MODEL = "models/clover-tiny"
@@ -43,6 +44,7 @@ class DemoConfig:
     tau: float = 0.9
     max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
+    grammar: bool = False  # constrain each turn to text or calls that keep the task's contract
     device: str = "auto"
     dtype: str = "auto"
     map: bool = True
@@ -82,7 +84,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
                              f"with `clover train` or pass another directory")
     examples = _examples(cfg)
-    params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens)
+    structured = {"tools": strict_tools(), "tool_choice": "auto"} if cfg.grammar else None
+    params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
+                            structured=structured)
     rows, runs = [], {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
         llm = LLM(path, device=cfg.device, dtype=cfg.dtype)
@@ -109,7 +113,8 @@ def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "messages": cfg.messages or
             f"{cfg.split} split, n={cfg.n}, seed={cfg.seed}",
             "settings": {"policy": cfg.policy, "tau": cfg.tau, "max_tokens": cfg.max_tokens,
-                         "max_turns": cfg.max_turns, "device": cfg.device, "dtype": cfg.dtype},
+                         "max_turns": cfg.max_turns, "grammar": cfg.grammar,
+                         "device": cfg.device, "dtype": cfg.dtype},
             "rows": rows, "speed_ratio_full_task": None if ratio is None else round(ratio, 2)}
 
 
@@ -140,8 +145,9 @@ def render_table(report: dict[str, Any]) -> str:
     from rich.table import Table
 
     rows = report["rows"]
-    table = Table(title=f"clover demo airspace ({report['messages']}; {report['hardware']}, "
-                        f"{report['threads']} threads)")
+    grammar = "on" if report["settings"].get("grammar") else "off"
+    table = Table(title=f"clover demo airspace ({report['messages']}; grammar {grammar}; "
+                        f"{report['hardware']}, {report['threads']} threads)")
     table.add_column("")
     for r in rows:
         table.add_column(r["model"], justify="right")
