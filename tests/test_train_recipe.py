@@ -63,6 +63,27 @@ def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, 
                                            **{field: value}))
 
 
+@pytest.mark.parametrize(("items", "message"), [
+    (["num_experts"], "expected KEY=VALUE"),
+    (["colour=1"], "not a model config field"),
+    (["attention=causal"], "not a model config field"),  # --attention owns it
+    (["num_dense_layers=9"], "num_dense_layers must be in"),
+])
+def test_bad_config_override_names_the_flag(items, message):
+    with pytest.raises(ValueError, match=message) as e:
+        recipes.recipe_config(recipes.RECIPES["airspace-tiny"], "causal",
+                              overrides=recipes.parse_overrides(items))
+    assert "--set" in str(e.value)
+
+
+def test_config_override_values_are_json_or_text():
+    assert recipes.parse_overrides(["dim=64", "qk_norm=true", "router=sigmoid"]) == {
+        "dim": 64, "qk_norm": True, "router": "sigmoid"}
+    config = recipes.recipe_config(recipes.RECIPES["airspace-tiny"], "block", True,
+                                   {"num_dense_layers": 4})
+    assert config.num_dense_layers == 4 and config.shift_logits and config.attention == "block"
+
+
 @pytest.mark.slow
 def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     parser = argparse.ArgumentParser()
@@ -70,7 +91,7 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     out, work = tmp_path / "model", tmp_path / "work"
     argv = ["train", "--recipe", "smoke", "--out", str(out), "--work-dir", str(work),
             "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5",
-            "--prompt-format", "message"]
+            "--prompt-format", "message", "--set", "num_dense_layers=2", "--set", "ffn_dim=48"]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     info = json.loads((out / "training.json").read_text())
@@ -79,6 +100,8 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     assert "copy_consistency" in info and (out / "README.md").is_file()
     model, tok = checkpoint.load(out)
     assert model.config.vocab_size == len(tok) == 512
+    assert (model.config.num_dense_layers, model.config.ffn_dim) == (2, 48)  # --set
+    assert info["config_overrides"] == {"num_dense_layers": 2, "ffn_dim": 48}
     assert recipes.prompt_format(tok) == "message"  # the model directory keeps its prompt format
     args = parser.parse_args([*argv, "--resume", "--steps", "3"])
     assert args.func(args) == 0

@@ -9,10 +9,11 @@ weights. `--init-from` starts from another model directory's weights (AR-to-diff
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -160,11 +161,40 @@ def _contains(seq: list[int], sub: list[int]) -> bool:
 
 # ---- model --------------------------------------------------------------------------------------
 
-def recipe_config(recipe: Recipe, attention: str, shift_logits: bool = False) -> ModelConfig:
+def recipe_config(recipe: Recipe, attention: str, shift_logits: bool = False,
+                  overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The recipe's preset for this attention, with `--set` overrides of its fields."""
     if attention == "causal":
-        return get_preset(recipe.preset, name=f"{recipe.preset}-ar", attention="causal",
-                          block_size=1)
-    return get_preset(recipe.preset, attention=attention, shift_logits=shift_logits)
+        config = get_preset(recipe.preset, name=f"{recipe.preset}-ar", attention="causal",
+                            block_size=1)
+    else:
+        config = get_preset(recipe.preset, attention=attention, shift_logits=shift_logits)
+    if not overrides:
+        return config
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    fixed = {"attention", "shift_logits"}  # the --attention and --shift-logits flags own these
+    for key in overrides:
+        if key not in known or key in fixed:
+            raise ValueError(f"--set {key}=...: not a model config field you can set here; "
+                             f"choose from {sorted(known - fixed)}")
+    try:
+        return config.replace(**overrides)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--set {overrides}: {e}") from e
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> {key: value}; values are JSON (numbers, true, null) or text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_experts=0")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
 
 
 def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverModel:
@@ -236,6 +266,7 @@ class RunArgs:
     save_dtype: str = "float32"  # dtype of the final model directory's weights
     copy_mix: float = 0.0  # share of training examples that are the repeat task (`copy_task`)
     prompt_format: str = "chat"  # chat: system turn + tools; message: the conversation alone
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -250,7 +281,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
                          f"{', '.join(PROMPT_FORMATS)}")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
-    config = recipe_config(recipe, args.attention, args.shift_logits)
+    config = recipe_config(recipe, args.attention, args.shift_logits, args.config_overrides)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
     train_cfg = TrainConfig(
@@ -315,6 +346,7 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
         "sharpen": args.sharpen, "copy_mix": args.copy_mix,
+        "config_overrides": args.config_overrides,
         "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
