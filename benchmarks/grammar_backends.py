@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -74,7 +75,6 @@ def workloads(tok, n: int) -> list[Workload]:
                                               ensure_ascii=False), add_special_tokens=False))
             for c in calls]
     centres = [c["arguments"]["centre"] for c in calls if c["name"] == "set_no_fly_zone"]
-    import re
     coords = [s for s in centres if re.fullmatch(COORDINATES, s)]
     pattern = COORDINATES.removeprefix("^").removesuffix("$")
     return [

@@ -24,7 +24,7 @@ from clover.tasks.airspace import (
     score,
 )
 from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
-from clover.tasks.airspace.contract import strict_tools
+from clover.tasks.airspace.contract import tool_constraint
 from clover.tasks.airspace.scorer import match_zones
 
 DEFAULT_MODEL = "models/clover-tiny"
@@ -84,9 +84,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
                              f"with `clover train` or pass another directory")
     examples = _examples(cfg)
-    structured = {"tools": strict_tools(), "tool_choice": "auto"} if cfg.grammar else None
     params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
-                            structured=structured)
+                            structured=tool_constraint() if cfg.grammar else None)
     rows, runs = [], {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
         llm = LLM(path, device=cfg.device, dtype=cfg.dtype)

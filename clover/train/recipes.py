@@ -22,6 +22,7 @@ import torch
 from clover import checkpoint
 from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
+from clover.tasks.airspace.data import ANSWER_MAX_TOKENS
 from clover.tokenizer import PROMPT_FORMATS
 from clover.train.data import TokenExample, sft_example
 from clover.train.loop import DistEnv, TrainConfig, Trainer, close_distributed
@@ -40,7 +41,7 @@ class Recipe:
     warmup_steps: int = 30
     num_val: int = 48  # validation examples (loss with fixed noise)
     num_eval: int = 16  # examples decoded and scored at the end (needs clover.engine)
-    eval_max_tokens: int = 1024  # clover.tasks.airspace.ANSWER_MAX_TOKENS: no right answer is cut
+    eval_max_tokens: int = ANSWER_MAX_TOKENS  # no right answer is cut
     tokenizer_examples: int = 3000  # training examples the tokenizer is trained on
     description: str = ""
 
@@ -213,7 +214,7 @@ def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverM
 
 # ---- evaluation ---------------------------------------------------------------------------------
 
-def airspace_evaluator(tokenizer, examples: list, max_tokens: int = 1024):
+def airspace_evaluator(tokenizer, examples: list, max_tokens: int = ANSWER_MAX_TOKENS):
     """Decode `examples` with the engine (greedy) and score the tool calls; None if no engine."""
     try:
         from clover.engine import LLM, SamplingParams

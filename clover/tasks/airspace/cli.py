@@ -90,14 +90,14 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     """Decode a split with a model through the agent loop, score it, break it down by format."""
     from clover.engine import LLM, SamplingParams
     from clover.tasks.airspace.agent import predictions, run_agent
-    from clover.tasks.airspace.contract import strict_tools
+    from clover.tasks.airspace.contract import tool_constraint
     from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
     from clover.tasks.airspace.scorer import score
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else generate_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    structured = {"tools": strict_tools(), "tool_choice": "auto"} if args.grammar else None
+    structured = tool_constraint() if args.grammar else None
     params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
                             structured=structured)
     run = run_agent(llm, examples, params, max_turns=args.max_turns)

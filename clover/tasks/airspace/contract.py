@@ -1,10 +1,11 @@
 """The argument contract as JSON Schema: tools that allow every value the scorer reads, no other.
 
 `TOOLS` (in `tools.py`) is what the model is shown: short schemas with plain `string` and `number`
-types. `STRICT_TOOLS` is what a grammar enforces: the same tools with patterns, ranges and
+types. `strict_tools()` is what a grammar enforces: the same tools with patterns, ranges and
 `anyOf` branches drawn from the parsers in `normalise.py`, so a call that matches its schema is
-one `interpret_call` accepts. Under `clover eval airspace --grammar` every call the model closes
-is therefore valid by construction, whatever the model is.
+one `interpret_call` accepts. `tool_constraint()` wraps them as `SamplingParams.structured`. Under
+`clover eval airspace --grammar` every call the model closes is therefore valid by construction,
+whatever the model is.
 
 - `centre`: coordinates in every layout `parse_centre` reads (packed DDMMSS / DDMM / decimal,
   spaced or with degree symbols, hemisphere first or last, the Chinese 北纬/东经 form, signed
@@ -117,3 +118,8 @@ def strict_tools() -> list[dict]:
     clear["properties"]["zone_id"] = {"type": "string", "minLength": 1, "maxLength": 40}
     clear["additionalProperties"] = False
     return tools
+
+
+def tool_constraint() -> dict[str, Any]:
+    """`SamplingParams.structured` for one airspace turn: text, or calls that keep the contract."""
+    return {"tools": strict_tools(), "tool_choice": "auto"}
