@@ -74,7 +74,8 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
            "engine": run.engine_stats}
     if scores is not None:
         row.update({k: scores[k] for k in ("zone_f1", "zone_precision", "zone_recall",
-                                           "exact_message_accuracy", "tool_call_validity")})
+                                           "field_accuracy", "exact_message_accuracy",
+                                           "tool_call_validity")})
     return row
 
 
@@ -152,7 +153,8 @@ def render_table(report: dict[str, Any]) -> str:
         table.add_column(r["model"], justify="right")
     fields = [("full task time (s)", "full_task_s"), ("first usable result (s)", "first_usable_s"),
               ("TPS", "tps"), ("TPF", "tpf"), ("forwards (batched)", "forwards"),
-              ("zone F1", "zone_f1"), ("exact-message accuracy", "exact_message_accuracy"),
+              ("zone F1", "zone_f1"), ("field accuracy", "field_accuracy"),
+              ("exact-message accuracy", "exact_message_accuracy"),
               ("tool-call validity", "tool_call_validity")]
     for label, key in fields:
         table.add_row(label, *(_fmt(r.get(key)) for r in rows))

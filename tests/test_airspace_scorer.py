@@ -50,6 +50,7 @@ def test_gold_scores_perfectly_in_every_input_form(examples):
         r = score(preds, examples)
         assert (r["zone_f1"], r["exact_message_accuracy"], r["tool_call_validity"]) == (1, 1, 1)
         assert r["hallucinated_zones_on_negatives"] == 0 and not any(r["errors"].values())
+        assert r["field_accuracy"] == 1.0
     records = [e.to_record() for e in examples]
     assert score([e.calls for e in examples], records)["zone_f1"] == 1.0
 
@@ -92,6 +93,8 @@ def test_each_zone_error_costs_one_zone(single, name, fn, error):
     assert r["zone_recall"] == pytest.approx((n - 1) / n), name
     assert r["errors"][error] == 1 and sum(r["errors"].values()) == 1, r["errors"]
     assert r["exact_message_accuracy"] == pytest.approx((len(single) - 1) / len(single))
+    fields = 6 * n  # these zones have no `replaces`
+    assert r["field_accuracy"] == pytest.approx((fields - 1) / fields), name
 
 
 def test_small_centre_shift_is_tolerated(single):
@@ -106,6 +109,7 @@ def test_missing_zone_costs_recall_only(single):
     n = r["num_truth_zones"]
     assert r["zone_precision"] == 1.0 and r["zone_recall"] == pytest.approx((n - 1) / n)
     assert r["errors"]["missing_zone"] == 1
+    assert r["field_accuracy"] == pytest.approx((n - 1) / n)  # all six fields of one zone lost
 
 
 def test_extra_zone_on_negative_is_hallucination(single):

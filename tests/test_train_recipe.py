@@ -54,6 +54,23 @@ def test_copy_task_answers_with_a_run_of_the_prompt_and_shares_the_task_prefix()
         assert recipes.COPY_INSTRUCTION in text
 
 
+def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
+    """--prompt-loss: the same ids, every token a target (the collator still starts a causal
+    model's targets at position 1); the default keeps the prompt out of the loss."""
+    from clover.tasks.airspace import generate_examples
+    from clover.train.data import Collator
+
+    tok = recipes.build_tokenizer(512, 200, seed=0)
+    sft = recipes.airspace_sft(tok, generate_examples("train", 3, seed=0))
+    full = [recipes.with_prompt_loss(ex) for ex in sft]
+    assert [ex.ids for ex in full] == [ex.ids for ex in sft]
+    collate = Collator(pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, first_target=1)
+    sft_batch, full_batch = collate(sft, [0, 1, 2]), collate(full, [0, 1, 2])
+    assert full_batch.num_targets == sum(len(ex.ids) - 1 for ex in sft)
+    assert sft_batch.num_targets == sum(len(ex.ids) - ex.prompt_len for ex in sft)
+    assert full_batch.target_BL[:, 0].sum() == 0
+
+
 @pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.5, "--copy-mix"),
                                                      ("prompt_format", "terse", "--prompt-format")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
@@ -91,11 +108,13 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     out, work = tmp_path / "model", tmp_path / "work"
     argv = ["train", "--recipe", "smoke", "--out", str(out), "--work-dir", str(work),
             "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5",
-            "--prompt-format", "message", "--set", "num_dense_layers=2", "--set", "ffn_dim=48"]
+            "--prompt-format", "message", "--prompt-loss", "--set", "num_dense_layers=2",
+            "--set", "ffn_dim=48"]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     info = json.loads((out / "training.json").read_text())
     assert info["copy_mix"] == 0.5 and info["prompt_format"] == "message"
+    assert info["prompt_loss"] is True
     assert info["steps"] == 2 and info["recipe"] == "smoke" and info["tokens_seen"] > 0
     assert "copy_consistency" in info and (out / "README.md").is_file()
     model, tok = checkpoint.load(out)

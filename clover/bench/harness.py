@@ -40,8 +40,8 @@ from clover.tasks.airspace import TOOLS, generate_examples, load_messages_jsonl,
 from clover.tasks.airspace.agent import AgentRun, initial_conversation, predictions, run_agent
 from clover.tokenizer import render_chat
 
-QUALITY = ("zone_f1", "zone_precision", "zone_recall", "exact_message_accuracy",
-           "tool_call_validity")
+QUALITY = ("zone_f1", "zone_precision", "zone_recall", "field_accuracy",
+           "exact_message_accuracy", "tool_call_validity")
 SPREAD = ("full_task_s", "first_usable_s", "tps", "model_s", "peak_memory_bytes",
           "achieved_flops_per_s")
 

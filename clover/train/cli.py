@@ -19,7 +19,8 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
         sharpen=args.sharpen, save_dtype=args.save_dtype, copy_mix=args.copy_mix,
-        prompt_format=args.prompt_format, config_overrides=parse_overrides(args.set)))
+        prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
+        config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
     return 0
@@ -57,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-format", default="chat", choices=["chat", "message"],
                    help="message: prompts are the conversation alone, no system turn or tool "
                         "schemas (for single-task models too small to read them)")
+    p.add_argument("--prompt-loss", action="store_true",
+                   help="train on the prompt tokens too (language-model loss on the message), "
+                        "not only on the response")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the recipe's model config, e.g. --set "
                         "num_dense_layers=4 (repeatable; values are JSON or text)")

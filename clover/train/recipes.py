@@ -93,6 +93,16 @@ def airspace_sft(tokenizer, examples: list) -> list[TokenExample]:
     return out
 
 
+def with_prompt_loss(example: TokenExample) -> TokenExample:
+    """The same sequence with every token a target: the prompt gets a language-model loss too.
+
+    SFT spends the forward over the prompt on no target at all. With the message as a target the
+    model also learns from the repeats inside messages (dates, times and numbers written twice),
+    which is where induction (copy) heads come from in language-model training.
+    """
+    return TokenExample(example.ids, 0)
+
+
 COPY_INSTRUCTION = "Repeat the start of this message word for word.\n"
 
 
@@ -231,7 +241,8 @@ def airspace_evaluator(tokenizer, examples: list, max_tokens: int = ANSWER_MAX_T
         llm = LLM(model, tokenizer, device=str(next(model.parameters()).device), dtype="float32")
         outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
         result = score([o.text for o in outs], examples)
-        keep = ("zone_f1", "exact_message_accuracy", "tool_call_validity", "mean_centre_error_m")
+        keep = ("zone_f1", "field_accuracy", "exact_message_accuracy", "tool_call_validity",
+                "mean_centre_error_m")
         metrics = {f"eval_{k}": _round(result[k]) for k in keep}
         metrics["eval_errors"] = result["errors"]
         metrics["eval_s"] = round(time.perf_counter() - start, 1)
@@ -266,6 +277,7 @@ class RunArgs:
     sharpen: float = 0.0
     save_dtype: str = "float32"  # dtype of the final model directory's weights
     copy_mix: float = 0.0  # share of training examples that are the repeat task (`copy_task`)
+    prompt_loss: bool = False  # the prompt is a target too (language-model loss on the message)
     prompt_format: str = "chat"  # chat: system turn + tools; message: the conversation alone
     config_overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE
 
@@ -298,6 +310,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     num_copy = round(args.copy_mix * num_train)
     train = (airspace_sft(tokenizer, drawn[:num_train - num_copy])
              + copy_task(tokenizer, drawn[num_train - num_copy:]))
+    if args.prompt_loss:
+        train = [with_prompt_loss(ex) for ex in train]
     val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
     evaluate = None
@@ -346,7 +360,7 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
-        "sharpen": args.sharpen, "copy_mix": args.copy_mix,
+        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "prompt_loss": args.prompt_loss,
         "config_overrides": args.config_overrides,
         "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,

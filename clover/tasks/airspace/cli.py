@@ -61,7 +61,7 @@ def _align(preds: list, truths: list) -> list:
     return preds
 
 
-SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1",
+SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1", "field_accuracy",
                 "exact_message_accuracy", "tool_call_validity", "hallucinated_zones_on_negatives")
 
 
@@ -108,6 +108,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
         idx = [i for i, e in enumerate(examples) if e.kind.split("+")[0] == kind]
         part = score([preds[i] for i in idx], [examples[i] for i in idx])
         result["by_format"][kind] = {"n": len(idx), "zone_f1": round(part["zone_f1"], 4),
+                                     "fields": round(part["field_accuracy"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
                   policy=args.policy, tau=args.tau, grammar=args.grammar,
@@ -117,7 +118,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     _print_summary(result)
     for kind, part in result["by_format"].items():
         print(f"  {kind:32s} n={part['n']:4d} zone_f1={part['zone_f1']:.4f} "
-              f"exact={part['exact']:.4f}")
+              f"fields={part['fields']:.4f} exact={part['exact']:.4f}")
     print(f"time {run.full_task_s:.1f} s, TPS {run.tps:.1f}, TPF {run.tpf:.3f}, "
           f"{run.forwards} forwards")
     if args.out:

@@ -3,8 +3,11 @@
 A predicted zone is matched to a true one (greedy best match: correct pairs first, then the
 closest centre); it is correct when the centre is within 100 m, the radius within 1 %, both limits
 equal after conversion to metres (2 m tolerance, same reference), both times exact, and
-`replaces` equal when the truth names one. Predictions may be raw model text, parsed tool calls,
-OpenAI tool_call dicts, or normalised zones; garbage is counted as invalid, never raised.
+`replaces` equal when the truth names one. Field accuracy gives partial credit: the share of the
+true zones' fields (centre, radius, lower, upper, start, end, and `replaces` where set) that the
+matched prediction gets right, a missing zone counting all its fields wrong. Predictions may be
+raw model text, parsed tool calls, OpenAI tool_call dicts, or normalised zones; garbage is counted
+as invalid, never raised.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from clover.tasks.airspace.tools import Cancel, interpret_call, parse_tool_calls
 
 CENTRE_TOL_M = 100.0
 RADIUS_REL_TOL = 0.01
+ZONE_FIELDS = ("centre", "radius", "lower", "upper", "start", "end")  # + replaces where set
 ERROR_KINDS = ("centre", "radius", "lower", "upper", "start", "end", "replaces", "missing_zone",
                "extra_zone", "invalid_call", "missing_cancel", "extra_cancel")  # fmt: skip
 
@@ -118,6 +122,13 @@ class MessageScore:
     exact: bool
     errors: Counter
     centre_errors_m: list[float]
+    num_fields: int = 0  # fields of the true zones (see `zone_fields`)
+    num_fields_right: int = 0
+
+
+def zone_fields(truth: Zone) -> int:
+    """How many fields a true zone is scored on: the six of ZONE_FIELDS, + replaces if set."""
+    return len(ZONE_FIELDS) + bool(truth.replaces)
 
 
 def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list[str]
@@ -136,7 +147,9 @@ def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list
     dists = [distance_m(pred.zones[i].lat, pred.zones[i].lon, truth_zones[j].lat,
                         truth_zones[j].lon) for i, j, _ in matches]  # fmt: skip
     exact = not +errors and len(pred.zones) == len(truth_zones) == num_correct
-    return MessageScore(len(truth_zones), len(pred.zones), num_correct, exact, errors, dists)
+    fields_right = sum(zone_fields(truth_zones[j]) - len(errs) for _, j, errs in matches)
+    return MessageScore(len(truth_zones), len(pred.zones), num_correct, exact, errors, dists,
+                        sum(zone_fields(t) for t in truth_zones), fields_right)
 
 
 def _truth(t: Any) -> tuple[list[Zone], list[str]]:
@@ -176,10 +189,12 @@ def _summary(scores: list[MessageScore], errors: Counter, num_calls: int, num_in
     recall = n_ok / n_truth if n_truth else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     dists = [d for s in scores for d in s.centre_errors_m]
+    n_fields = sum(s.num_fields for s in scores)
     return {
         "num_messages": len(scores), "num_truth_zones": n_truth, "num_pred_zones": n_pred,
         "num_correct_zones": n_ok, "zone_precision": precision, "zone_recall": recall,
         "zone_f1": f1,
+        "field_accuracy": sum(s.num_fields_right for s in scores) / n_fields if n_fields else 1.0,
         "exact_message_accuracy": sum(s.exact for s in scores) / len(scores) if scores else 0.0,
         "num_calls": num_calls, "num_invalid_calls": num_invalid,
         "tool_call_validity": (num_calls - num_invalid) / num_calls if num_calls else 1.0,
