@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=["offset", "marker"], default="offset")
     ap.add_argument("--digit-share", type=float, default=0.0,
                     help="marker mode: share of filler tokens that are digits (look-alikes)")
+    ap.add_argument("--ramp", type=int, default=0, metavar="STEPS",
+                    help="marker mode: raise the look-alike share linearly from 0 to --digit-share "
+                         "over the first STEPS steps (a curriculum)")
     ap.add_argument("--digits", type=int, default=12)
     ap.add_argument("--filler", type=int, default=0, help="random tokens before the string")
     ap.add_argument("--steps", type=int, default=200)
@@ -63,7 +66,8 @@ def main() -> None:
     digit_ids = (10, 20)  # any ten ordinary token ids stand in for the digits (30, 31: SEP, MARK)
     t0, acc, history = time.perf_counter(), 0.0, []
     for step in range(1, args.steps + 1):
-        ids = _batch(args, config.vocab_size, digit_ids)
+        share = args.digit_share * min(1.0, step / args.ramp) if args.ramp else args.digit_share
+        ids = _batch(args, config.vocab_size, digit_ids, share)
         out = model(ids[:, :-1])
         logits = out.logits.view(B, ids.shape[1] - 1, -1)[:, -D:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -D:].reshape(-1))
@@ -76,6 +80,7 @@ def main() -> None:
             print(f"step {step:5d}  loss {loss.item():.3f}  copy accuracy {acc:.3f}  "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
     print(json.dumps({"probe": "copy", "mode": args.mode, "digit_share": args.digit_share,
+                      "ramp": args.ramp,
                       "preset": args.preset, "overrides": over, "token_conv": args.token_conv,
                       "qk_norm": config.qk_norm,
                       "digits": D, "filler": args.filler, "seed": args.seed,
@@ -105,7 +110,8 @@ def add_token_conv(model: nn.Module, width: int) -> None:
         layer.attn_norm = nn.Sequential(layer.attn_norm, TokenConv(model.config.dim, width))
 
 
-def _batch(args: argparse.Namespace, vocab_size: int, digit_ids: tuple[int, int]) -> torch.Tensor:
+def _batch(args: argparse.Namespace, vocab_size: int, digit_ids: tuple[int, int],
+           digit_share: float) -> torch.Tensor:
     """One batch of token ids; the last `digits` tokens are the copy the loss is over."""
     B, D, sep, mark = args.batch, args.digits, 30, 31
     filler = torch.randint(100, vocab_size, (B, args.filler))
@@ -114,7 +120,7 @@ def _batch(args: argparse.Namespace, vocab_size: int, digit_ids: tuple[int, int]
         return torch.cat([filler, src, torch.full((B, 1), sep), src], 1)
     if args.filler < D + 1:
         raise SystemExit(f"--filler={args.filler} must be at least --digits + 1 in marker mode")
-    look_alike = torch.rand(B, args.filler) < args.digit_share
+    look_alike = torch.rand(B, args.filler) < digit_share
     filler[look_alike] = torch.randint(*digit_ids, (int(look_alike.sum()),))
     for b, at in enumerate(torch.randint(0, args.filler - D, (B,)).tolist()):
         filler[b, at], filler[b, at + 1:at + 1 + D] = mark, src[b]

@@ -35,6 +35,10 @@ class ModelConfig:
     rope_theta: float = 10000.0
     partial_rotary: float = 1.0  # fraction of head_dim that gets RoPE (LLaDA2.x uses 0.5)
     qk_norm: bool = False
+    # Width of a causal depthwise convolution over positions on each attention input (a "canon
+    # layer"): every position also carries its width - 1 predecessors, so one attention layer can
+    # match n-grams (copying among look-alike digits). 0: none.
+    token_conv: int = 0
     norm_eps: float = 1e-6
     ffn_dim: int  # hidden size of dense SwiGLU layers
     num_dense_layers: int = 0  # leading dense layers before the MoE layers
@@ -74,6 +78,7 @@ class ModelConfig:
                  f"gives an odd rotary dim {self.rotary_dim}; it must be even")
         _require(self.rope_theta > 0, "rope_theta", "must be > 0")
         _require(self.norm_eps > 0, "norm_eps", "must be > 0")
+        _require(0 <= self.token_conv <= 16, "token_conv", "must be in [0, 16] (0: none)")
         _require(self.routed_scaling > 0, "routed_scaling", "must be > 0")
         self._validate_moe()
         self._validate_token_ids()

@@ -45,6 +45,8 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
 def describe(config: ModelConfig) -> dict[str, Any]:
     total, active = count_params(config)
     kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim
+    if config.token_conv:  # the cache also keeps each layer's convolution input
+        kv_per_token += config.num_layers * config.dim
     info: dict[str, Any] = {
         "name": config.name,
         "attention": config.attention,
@@ -53,6 +55,7 @@ def describe(config: ModelConfig) -> dict[str, Any]:
         "dim": config.dim,
         "heads": config.num_heads,
         "kv_heads": config.num_kv_heads,
+        "token_conv": config.token_conv,
         "experts": config.num_experts,
         "experts_per_token": config.num_experts_per_tok,
         "shared_experts": config.num_shared_experts,

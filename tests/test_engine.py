@@ -36,6 +36,19 @@ def test_cached_engine_equals_uncached_reference(mode, policy):
         assert out.token_ids == reference_generate(model, prompt, params)
 
 
+@pytest.mark.parametrize("mode", ["block", "causal"])
+def test_token_conv_model_engine_equals_reference(mode):
+    """A token_conv model decodes exactly through the cache, batched (padding rows), as the
+    no-cache reference does, including a cache that grows mid-request."""
+    model = _sharpen(_model(mode, token_conv=4))
+    llm = LLM(model, device="cpu", max_batch_size=4)
+    long = list(range(3, 243))  # 240 prompt tokens + 30 new > the initial 256 slots
+    params = SamplingParams(max_tokens=30, tau=0.5, ignore_eos=True)
+    outs = llm.generate([*PROMPTS, long], params)
+    for prompt, out in zip([*PROMPTS, long], outs, strict=True):
+        assert out.token_ids == reference_generate(model, prompt, params)
+
+
 def test_shifted_block_model_equals_reference():
     """With Dream-style shifted logits the engine re-reads the previous position and stays exact."""
     model = _sharpen(_model("block", shift_logits=True))

@@ -82,11 +82,14 @@ def _cached_logits(model, ids, chunks):
     return torch.cat(outs, dim=1)
 
 
+@pytest.mark.parametrize("token_conv", [0, 3])
 @pytest.mark.parametrize("mode", ["block", "causal"])
-def test_cached_forward_equals_full_forward(mode):
-    """block/causal caches are exact: chunked decoding reproduces the one-shot logits (fp32)."""
+def test_cached_forward_equals_full_forward(mode, token_conv):
+    """block/causal caches are exact: chunked decoding reproduces the one-shot logits (fp32),
+    also with the token convolution (its inputs are cached beside the keys)."""
     bs = 1 if mode == "causal" else 4
-    model = build_model(get_preset("tiny", attention=mode, block_size=bs), seed=1).eval()
+    config = get_preset("tiny", attention=mode, block_size=bs, token_conv=token_conv)
+    model = build_model(config, seed=1).eval()
     ids = _ids(2, 20)
     chunks = [8, 4, 4, 4] if mode == "block" else [7, 1, 1, 5, 6]
     with torch.no_grad():
@@ -169,6 +172,40 @@ def test_partial_rotary_and_bias_variants_run_and_cache_exactly():
     with torch.no_grad():
         torch.testing.assert_close(_cached_logits(model, ids, [8, 4]), model(ids).logits,
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_token_conv_equals_a_depthwise_conv1d_over_positions():
+    """On a plain forward (positions 0..L-1 in tensor order) the layer is x + conv1d(x) with a
+    left-padded depthwise kernel: the form measured in benchmarks/copy_probe.py."""
+    import torch.nn.functional as F
+
+    from clover.model.transformer import TokenConv, visibility
+
+    conv = TokenConv(8, 3)
+    torch.nn.init.normal_(conv.weight)
+    h = torch.randn(2, 10, 8)
+    pos = torch.arange(10).expand(2, 10)
+    got = conv(h, h, pos, pos, visibility("causal", 1, pos, pos))
+    kernel = conv.weight.flip(0).T[:, None, :]  # [D, 1, K]: the last tap is the token itself
+    ref = h + F.conv1d(F.pad(h.transpose(1, 2), (2, 0)), kernel, groups=8).transpose(1, 2)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_token_conv_rows_are_independent_with_padding_and_drafts():
+    """Padding rows, a re-run draft block and a padded cache all leave token_conv logits exact."""
+    model = build_model(get_preset("tiny", attention="block", block_size=4, token_conv=4),
+                        seed=2).eval()
+    a, b = _ids(1, 12, seed=3), _ids(1, 8, seed=4)  # prefixes end on block edges, as decoding
+    cache = KVCache(model.config, 2, capacity=32)
+    batch = torch.cat([a[:, :8], torch.cat([b[:, :4], torch.zeros(1, 4, dtype=torch.long)], 1)])
+    valid = torch.tensor([[True] * 8, [True] * 4 + [False] * 4])
+    with torch.no_grad():
+        model(batch, cache=cache, valid_BL=valid)
+        cache.commit(torch.tensor([8, 4]))
+        model(torch.full((2, 4), model.config.mask_id), cache=cache)  # a draft step
+        nxt = model(torch.cat([a[:, 8:12], b[:, 4:8]]), cache=cache).logits
+        torch.testing.assert_close(nxt[0], model(a).logits[0, 8:12], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(nxt[1], model(b).logits[0, 4:8], atol=1e-5, rtol=1e-5)
 
 
 def test_cache_overflow_is_a_clear_error(tiny_block_model):

@@ -97,10 +97,11 @@ def test_causal_objective_matches_ar_loss():
                                         [False, True, True, False, False, False]]
 
 
-@pytest.mark.parametrize("shift", [False, True])
-def test_vectorised_block_loss_equals_per_block_loop(shift):
-    """One forward over [x_0, x_t] with the noisy/clean mask == one forward per block."""
-    cfg = tiny("block", shift_logits=shift)
+@pytest.mark.parametrize(("shift", "token_conv"), [(False, 0), (True, 0), (False, 3), (True, 3)])
+def test_vectorised_block_loss_equals_per_block_loop(shift, token_conv):
+    """One forward over [x_0, x_t] with the noisy/clean mask == one forward per block (with the
+    token convolution too: a noisy block's first predecessors come from the clean block before)."""
+    cfg = tiny("block", shift_logits=shift, token_conv=token_conv)
     model = build_model(cfg, seed=0)
     examples = toy_examples(6, seed=1) + [sft_example(list(range(10, 23)), [30, 31, 1])]
     batch = default_collator(cfg)(examples, list(range(7)))
@@ -119,10 +120,12 @@ def shared_prompt_examples(n: int, seed: int = 0) -> list:
             for ex in toy_examples(n, seed)]
 
 
-@pytest.mark.parametrize("mode,shift", [("block", False), ("block", True), ("causal", False)])
-def test_shared_prefix_matches_unshared(mode, shift):
+@pytest.mark.parametrize("mode,shift,conv", [("block", False, 0), ("block", True, 0),
+                                             ("causal", False, 0), ("block", False, 3),
+                                             ("causal", False, 3)])
+def test_shared_prefix_matches_unshared(mode, shift, conv):
     """Running the common prompt prefix once through a KV cache changes neither loss nor grads."""
-    cfg = tiny(mode, shift_logits=shift)
+    cfg = tiny(mode, shift_logits=shift, token_conv=conv)
     model = build_model(cfg, seed=0)
     batch = default_collator(cfg)(shared_prompt_examples(5), list(range(5)))
     noise = batch_noise(batch, cfg)

@@ -42,7 +42,7 @@ class ModelRunner:
             return
         old = self.cache
         new = KVCache(self.config, self.max_batch_size, capacity, self.device, self.dtype)
-        for dst, src in ((new.k, old.k), (new.v, old.v)):
+        for dst, src in ((new.k, old.k), (new.v, old.v), (new.h, old.h)):
             for d, s in zip(dst, src, strict=True):
                 d[:, :, :old.capacity] = s
         new.pos_BS[:, :old.capacity] = old.pos_BS

@@ -47,6 +47,10 @@ class KVCache:
         shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        # token_conv models: each slot's attention input before the convolution (its source)
+        conv_shape = (batch_size, 1, capacity, config.dim)
+        self.h = [torch.zeros(conv_shape, device=device, dtype=dtype)
+                  for _ in range(config.num_layers if config.token_conv else 0)]
         self.pos_BS = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self.valid_BS = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
         self.length_B = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -170,6 +174,32 @@ def visibility(mode: str, block_size: int, q_pos_BL: Tensor, k_pos_BS: Tensor) -
     return torch.ones_like(k <= q)
 
 
+class TokenConv(nn.Module):
+    """h_p + sum_k w_k * h_(p-k), k = 0..width-1, per channel (a causal depthwise convolution).
+
+    Like attention, it works on positions, not tensor layout: the h at position p - k is the one
+    the query at p may *see* (its visibility row), from this forward or from the cache. So cached
+    decoding equals a full forward, and in training's noisy+clean layout a noisy block takes its
+    first predecessors from the clean block before it, as it will when decoding.
+    """
+
+    def __init__(self, dim: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(width, dim))  # [k, D]; init_weights fills it
+
+    def forward(self, h_BLD: Tensor, src_BSD: Tensor, q_pos_BL: Tensor, k_pos_BS: Tensor,
+                mask_BLS: Tensor) -> Tensor:
+        w = self.weight.to(h_BLD.dtype)
+        out = h_BLD * (1 + w[0])
+        delta_BLS = q_pos_BL[:, :, None] - k_pos_BS[:, None, :]
+        for k in range(1, w.shape[0]):
+            pick_BLS = (mask_BLS & (delta_BLS == k)).to(h_BLD.dtype)
+            # one visible slot per position; the sum keeps padding queries (see all) finite
+            pick_BLS = pick_BLS / pick_BLS.sum(-1, keepdim=True).clamp(min=1)
+            out = out + w[k] * (pick_BLS @ src_BSD.to(h_BLD.dtype))
+        return out
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -215,14 +245,21 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.token_conv = TokenConv(config.dim, config.token_conv) if config.token_conv else None
         self.attn = Attention(config, layer)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.is_moe = config.layer_is_moe(layer)
         self.ffn = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
 
-    def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, write, valid_N, stats: list):
-        x_BLD = x_BLD + self.attn(self.attn_norm(x_BLD), rope, mask_BLS, cache, write)
+    def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, write, valid_N, stats: list,
+                positions: tuple[Tensor, Tensor]):
+        h_BLD = self.attn_norm(x_BLD)
+        if self.token_conv is not None:
+            h_BLD = self.token_conv(h_BLD, self._conv_sources(h_BLD, cache, write), *positions,
+                                    mask_BLS)
+        x_BLD = x_BLD + self.attn(h_BLD, rope, mask_BLS, cache, write)
         h_BLD = self.ffn_norm(x_BLD)
         if not self.is_moe:
             return x_BLD + self.ffn(h_BLD)
@@ -230,6 +267,17 @@ class Block(nn.Module):
         out_ND, aux, counts_E = self.ffn(h_BLD.reshape(B * L, D), valid_N)
         stats.append((aux, counts_E))
         return x_BLD + out_ND.view(B, L, D)
+
+
+    def _conv_sources(self, h_BLD: Tensor, cache: KVCache | None,
+                      write: CacheWrite | None) -> Tensor:
+        """The convolution's inputs at every key slot: this forward's own, or (with a cache)
+        written into the cache first and read back with every slot attention may read."""
+        if cache is None:
+            return h_BLD
+        h_all = cache.h[self.layer]
+        h_all[write.rows_N, 0, write.slots_N] = h_BLD[write.valid_BL].to(h_all.dtype)
+        return h_all[write.read, 0, :cache.end]
 
 
 class CloverModel(nn.Module):
@@ -269,12 +317,12 @@ class CloverModel(nn.Module):
         valid_BL = torch.ones_like(ids_BL, dtype=torch.bool) if valid_BL is None else valid_BL
         x_BLD = self.embed(ids_BL)
         rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
-        write, mask_BLS = self._attention_mask(pos_BL, valid_BL, cache, slot_B, cache_rows,
-                                               attn_mask_BLS)
+        write, mask_BLS, k_pos_BS = self._attention_mask(pos_BL, valid_BL, cache, slot_B,
+                                                         cache_rows, attn_mask_BLS)
         stats: list = []
         valid_N = valid_BL.reshape(-1)
         for layer in self.layers:
-            x_BLD = layer(x_BLD, rope, mask_BLS, cache, write, valid_N, stats)
+            x_BLD = layer(x_BLD, rope, mask_BLS, cache, write, valid_N, stats, (pos_BL, k_pos_BS))
         h_BLD = self.norm(x_BLD)
         h_sel = h_BLD if logits_mask_BL is None else h_BLD[logits_mask_BL]
         logits = self.project(h_sel)
@@ -296,7 +344,7 @@ class CloverModel(nn.Module):
             attn_mask_BLS = visibility(cfg.attention, cfg.block_size, pos_BL, k_pos_BS)
         mask_BLS = attn_mask_BLS & k_valid_BS[:, None, :]
         # Padding queries see every slot, so no softmax row is empty (their output is ignored).
-        return write, mask_BLS | ~valid_BL[:, :, None]
+        return write, mask_BLS | ~valid_BL[:, :, None], k_pos_BS
 
     def _moe_stats(self, stats: list) -> MoEStats | None:
         if not stats:
@@ -309,7 +357,9 @@ def init_weights(model: CloverModel, std: float = 0.02) -> None:
     """Normal(0, std) for matrices, ones for norms, scaled-down output projections."""
     depth_scale = (2 * model.config.num_layers) ** -0.5
     for name, p in model.named_parameters():
-        if p.ndim == 1 and name.endswith("weight"):
+        if name.endswith("token_conv.weight"):
+            nn.init.normal_(p, std=0.1)  # as in benchmarks/copy_probe.py, where it was measured
+        elif p.ndim == 1 and name.endswith("weight"):
             nn.init.ones_(p)
         elif p.ndim == 1:
             nn.init.zeros_(p)

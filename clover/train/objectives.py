@@ -212,6 +212,8 @@ def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noi
     for layer in range(config.num_layers):
         cache.k[layer] = _spread(one.k[layer], B, 2 * L - P)
         cache.v[layer] = _spread(one.v[layer], B, 2 * L - P)
+    for layer in range(len(one.h)):  # token_conv models: the prefix's convolution inputs
+        cache.h[layer] = _spread(one.h[layer], B, 2 * L - P)
     cache.pos_BS[:, :P] = batch.pos_BL[:1, :P]
     cache.valid_BS[:, :P] = True
     cache.length_B[:] = P
