@@ -22,7 +22,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from clover.config import get_preset
 from clover.model import build_model
@@ -45,12 +44,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0, help="weights and data")
     ap.add_argument("--token-conv", type=int, default=0, metavar="K",
-                    help="probe only: a causal depthwise conv of width K on each attention input "
-                         "(a 'canon layer'), so positions see their neighbours' tokens")
+                    help="the model's token_conv: a causal depthwise conv of width K on each "
+                         "attention input (a 'canon layer'), so positions see their neighbours")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                     help="override a config field, e.g. --set num_experts=0 (repeatable)")
     args = ap.parse_args()
     over = {} if args.qk_norm == "preset" else {"qk_norm": args.qk_norm == "on"}
+    if args.token_conv:
+        over["token_conv"] = args.token_conv
     for item in args.set:
         field, sep, value = item.partition("=")
         if not sep:
@@ -59,8 +60,6 @@ def main() -> None:
     config = get_preset(args.preset, attention="causal", block_size=1, **over)
     torch.manual_seed(args.seed)
     model = build_model(config, seed=args.seed)
-    if args.token_conv:
-        add_token_conv(model, args.token_conv)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     D, B = args.digits, args.batch
     digit_ids = (10, 20)  # any ten ordinary token ids stand in for the digits (30, 31: SEP, MARK)
@@ -86,28 +85,6 @@ def main() -> None:
                       "digits": D, "filler": args.filler, "seed": args.seed,
                       "steps": args.steps, "batch": B,
                       "final_copy_acc": round(acc, 4), "history": history}))
-
-
-class TokenConv(nn.Module):
-    """x + causal depthwise conv(x) over the sequence: each position mixes in the K - 1 before it.
-
-    Probe only: Clover's model has no such layer yet (its KV cache would have to keep each layer's
-    last K - 1 inputs), so this wraps `attn_norm` in the probe's own copy of the model.
-    """
-
-    def __init__(self, dim: int, width: int) -> None:
-        super().__init__()
-        self.width = width
-        self.weight = nn.Parameter(torch.randn(dim, 1, width) * 0.1)
-
-    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        x_BDL = F.pad(x_BLD.transpose(1, 2), (self.width - 1, 0))
-        return x_BLD + F.conv1d(x_BDL, self.weight, groups=x_BLD.shape[-1]).transpose(1, 2)
-
-
-def add_token_conv(model: nn.Module, width: int) -> None:
-    for layer in model.layers:
-        layer.attn_norm = nn.Sequential(layer.attn_norm, TokenConv(model.config.dim, width))
 
 
 def _batch(args: argparse.Namespace, vocab_size: int, digit_ids: tuple[int, int],

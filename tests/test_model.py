@@ -191,6 +191,23 @@ def test_token_conv_equals_a_depthwise_conv1d_over_positions():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["causal", "block", "full"])
+def test_token_conv_looks_back_width_minus_one_positions_and_never_forward(mode):
+    """Whatever attention may see, the convolution reaches positions p - K + 1 .. p only."""
+    from clover.model.transformer import TokenConv, visibility
+
+    conv = TokenConv(8, 3)
+    torch.nn.init.normal_(conv.weight)
+    pos = torch.arange(10).expand(2, 10)
+    mask = visibility(mode, 4, pos, pos)
+    x = torch.randn(2, 10, 8)
+    y = conv(x, x, pos, pos, mask)
+    earlier = x.clone()
+    earlier[:, 4] += 1.0  # reaches positions 4, 5, 6 and no further
+    changed = (conv(earlier, earlier, pos, pos, mask) - y).abs().sum(-1)[0] > 0
+    assert changed.tolist() == [False] * 4 + [True] * 3 + [False] * 3
+
+
 def test_token_conv_rows_are_independent_with_padding_and_drafts():
     """Padding rows, a re-run draft block and a padded cache all leave token_conv logits exact."""
     model = build_model(get_preset("tiny", attention="block", block_size=4, token_conv=4),
