@@ -117,6 +117,8 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
     assert info["prompt_loss"] is True
     assert info["steps"] == 2 and info["recipe"] == "smoke" and info["tokens_seen"] > 0
     assert "copy_consistency" in info and (out / "README.md").is_file()
+    assert "`smoke` recipe" in (out / "README.md").read_text()
+    assert "loss on the prompt" in (out / "README.md").read_text()  # --prompt-loss
     model, tok = checkpoint.load(out)
     assert model.config.vocab_size == len(tok) == 512
     assert (model.config.num_dense_layers, model.config.ffn_dim) == (2, 48)  # --set

@@ -376,10 +376,14 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
 def _readme(config: ModelConfig, info: dict[str, Any]) -> str:
     m = info["final_metrics"]
     rows = "\n".join(f"| {k} | {v} |" for k, v in m.items() if not isinstance(v, dict))
+    loss = ("loss on the prompt and the response = tool calls + EOS" if info.get("prompt_loss")
+            else "SFT: prompt never masked, response = tool calls + EOS")
     about = (f"Clover {config.attention}-attention MoE ({config.num_experts} experts, "
              f"top-{config.num_experts_per_tok}, dim {config.dim}, {config.num_layers} layers, "
-             f"block size {config.block_size}) trained with the `{info['recipe']}` recipe on the "
-             "airspace-restriction task (SFT: prompt never masked, response = tool calls + EOS).")
+             f"block size {config.block_size}"
+             + (f", token conv {config.token_conv}" if config.token_conv else "")
+             + f") trained with the `{info['recipe']}` recipe on the airspace-restriction task "
+             + f"({loss}).")
     return f"""# {config.name}
 
 {about}
