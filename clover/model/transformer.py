@@ -268,7 +268,6 @@ class Block(nn.Module):
         stats.append((aux, counts_E))
         return x_BLD + out_ND.view(B, L, D)
 
-
     def _conv_sources(self, h_BLD: Tensor, cache: KVCache | None,
                       write: CacheWrite | None) -> Tensor:
         """The convolution's inputs at every key slot: this forward's own, or (with a cache)
