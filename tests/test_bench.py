@@ -183,7 +183,8 @@ def test_copy_probe_marker_batches_hide_the_source_after_its_marker():
 
     probe = _load_script("copy_probe")
     args = argparse.Namespace(mode="marker", batch=8, digits=5, filler=40, digit_share=0.5)
-    ids = probe._batch(args, 2048, (10, 20), args.digit_share)
+    tokens = probe._tokens(None, 2048)
+    ids = probe._batch(args, tokens, args.digit_share)
     assert ids.shape == (8, 40 + 2 + 5)
     for row in ids.tolist():
         filler, target = row[:40], row[-5:]
@@ -191,8 +192,41 @@ def test_copy_probe_marker_batches_hide_the_source_after_its_marker():
         at = filler.index(31)
         assert filler[at + 1:at + 6] == target
         assert sum(10 <= t < 20 for t in filler) > 5 + 5  # look-alikes beyond the source
-    plain = probe._batch(args, 2048, (10, 20), 0.0)  # the --ramp starts with no look-alikes
+    plain = probe._batch(args, tokens, 0.0)  # the --ramp starts with no look-alikes
     assert all(sum(10 <= t < 20 for t in row[:40]) == 5 for row in plain.tolist())
+
+
+def test_copy_probe_on_a_real_tokenizer_saves_a_model_train_can_start_from(
+        model_dirs, tmp_path, monkeypatch):
+    """--tokenizer makes the probe copy the tokenizer's own digit tokens among its ordinary
+    tokens, and --save writes a model directory that loads with that tokenizer (the first phase
+    of a copy curriculum before `clover train --init-from`)."""
+    import sys
+
+    from clover.checkpoint import load_model
+    from clover.tokenizer import load_tokenizer
+
+    probe = _load_script("copy_probe")
+    tok = load_tokenizer(model_dirs[1])
+    digits = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
+    tokens = probe._tokens(model_dirs[1], 640)
+    assert sorted(tokens["digits"].tolist()) == sorted(digits)
+    assert not set(tokens["filler"].tolist()) & (set(digits) | set(tok.all_special_ids))
+    out = tmp_path / "probe-model"
+    monkeypatch.setattr(sys, "argv", [
+        "copy_probe.py", "--preset", "tiny", "--set", "vocab_size=640", "--mode", "marker",
+        "--filler", "12", "--digits", "3", "--digit-share", "0.3", "--batch", "4", "--steps", "2",
+        "--token-conv", "2", "--tokenizer", model_dirs[1], "--save", str(out)])
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        probe.main()
+    assert json.loads(printed.getvalue().splitlines()[-1])["tokenizer"] == model_dirs[1]
+    model = load_model(out)
+    assert model.config.token_conv == 2 and model.config.attention == "causal"
+    assert load_tokenizer(out).get_vocab() == tok.get_vocab()
+    assert json.loads((out / "training.json").read_text())["steps"] == 2
+    monkeypatch.setattr(sys, "argv", ["copy_probe.py", "--save", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="--save needs --tokenizer"):
+        probe.main()
 
 
 def _load_script(name: str):
