@@ -72,7 +72,8 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
 
 
 @pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.5, "--copy-mix"),
-                                                     ("prompt_format", "terse", "--prompt-format")])
+                                                     ("prompt_format", "terse", "--prompt-format"),
+                                                     ("stop_after", 2, "--stop-after")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
@@ -110,6 +111,13 @@ def test_recipe_writes_model_directory_and_resumes(smoke_recipe, tmp_path):
             "--device", "cpu", "--no-progress", "--eval-examples", "0", "--copy-mix", "0.5",
             "--prompt-format", "message", "--prompt-loss", "--set", "num_dense_layers=2",
             "--set", "ffn_dim=48"]
+    # --stop-after: a checkpoint (with the tokenizer) that --init-from can start from, no model
+    stopped = parser.parse_args([*argv[:6], str(tmp_path / "w1"), *argv[7:], "--stop-after", "1"])
+    assert stopped.func(stopped) == 0 and not out.exists()
+    state = json.loads((tmp_path / "w1" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 1
+    model, tok = checkpoint.load(tmp_path / "w1" / "checkpoint")
+    assert len(tok) == model.config.vocab_size == 512
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     info = json.loads((out / "training.json").read_text())

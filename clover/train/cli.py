@@ -16,7 +16,8 @@ def _train(args: argparse.Namespace) -> int:
     summary = run_recipe(RunArgs(
         recipe=args.recipe, attention=args.attention, init_from=args.init_from, out=args.out,
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
-        device=args.device, seed=args.seed, bf16=args.bf16, eval_examples=args.eval_examples,
+        stop_after=args.stop_after, device=args.device, seed=args.seed, bf16=args.bf16,
+        eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
         sharpen=args.sharpen, save_dtype=args.save_dtype, copy_mix=args.copy_mix,
         prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
@@ -40,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: recipe's)")
     p.add_argument("--batch-size", type=int, default=None, help="global examples per step")
     p.add_argument("--resume", action="store_true", help="continue from the work dir checkpoint")
+    p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                   help="checkpoint at this step and stop (the schedule stays that of --steps; "
+                        "WORK/checkpoint is then a model directory for --init-from, and --resume "
+                        "finishes the run)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")

@@ -267,6 +267,7 @@ class RunArgs:
     steps: int | None = None
     batch_size: int | None = None
     resume: bool = False
+    stop_after: int | None = None  # checkpoint and stop here (a planned split of the run)
     device: str = "auto"
     seed: int = 0
     bf16: bool = False
@@ -294,6 +295,10 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
                          f"{', '.join(PROMPT_FORMATS)}")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
+    steps = args.steps or recipe.steps
+    if args.stop_after is not None and not 0 < args.stop_after < steps:
+        raise ValueError(f"--stop-after={args.stop_after} must be a step in 1..{steps - 1} "
+                         f"(--steps is {steps})")
     config = recipe_config(recipe, args.attention, args.shift_logits, args.config_overrides)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
@@ -302,7 +307,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
-        sharpen_coef=args.sharpen, resume=args.resume, eval_every=0, save_every=25, log_every=5,
+        sharpen_coef=args.sharpen, resume=args.resume, stop_after=args.stop_after, eval_every=0,
+        save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
     num_train = train_cfg.steps * train_cfg.batch_size
