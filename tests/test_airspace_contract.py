@@ -61,6 +61,8 @@ def test_every_place_name_resolves():
     ("start", "2025-02-30T04:00Z"),
     ("start", "2025-02-14T04:00+15:00"),
     ("radius", {"value": 0, "unit": "NM"}),
+    ("radius", {"value": 187052, "unit": "KM"}),  # a model wrote it; the limit is 2,000 km
+    ("radius", {"value": 1080, "unit": "NM"}),
     ("upper", {"value": 300, "unit": "FT", "ref": "STD"}),
 ])
 def test_the_schemas_reject_what_the_scorer_rejects(key, value):
@@ -93,7 +95,8 @@ def test_the_grammar_agrees_with_the_schemas(tiny_llm):
         call = {"name": "set_no_fly_zone", "arguments": {**GOOD, "centre": centre}}
         assert _accepts(tiny_llm, format_call(call)), centre
     for key, value in [("centre", "1294.3N 12212.1E"), ("centre", "ZZZZ"),
-                       ("start", "2025-02-30T04:00Z"), ("radius", {"value": 1e400, "unit": "M"})]:
+                       ("start", "2025-02-30T04:00Z"), ("radius", {"value": 1e400, "unit": "M"}),
+                       ("radius", {"value": 187052, "unit": "KM"})]:
         call = {"name": "set_no_fly_zone", "arguments": {**GOOD, key: value}}
         assert not _accepts(tiny_llm, format_call(call)), (key, value)
 

@@ -1,14 +1,18 @@
 """Deterministic conversions of copied values: coordinates, units, limits and times."""
 
+import json
+
 import pytest
 
 from clover.tasks.airspace.normalise import (
     Limit,
+    Zone,
     parse_centre,
     parse_limit,
     parse_radius,
     parse_time,
 )
+from clover.tasks.airspace.tools import ZoneRegistry
 from clover.tasks.airspace.writing import COORD_WRITERS
 
 
@@ -80,6 +84,23 @@ def test_radius_units(value, metres):
     """1 NM is 1852 m; MTR and 米 are metres, 公里 kilometres."""
     assert parse_radius(value) == pytest.approx(metres)
 
+
+
+@pytest.mark.parametrize("unit", ["KM", "NM", "M"])
+def test_radius_bound_is_on_metres(unit):
+    """The 2,000 km bound holds for the radius in metres, not for the number before the unit: a
+    model wrote 187052 KM, the registry stored it, and the map page (Zone.from_dict) failed."""
+    with pytest.raises(ValueError, match="2000 km"):
+        parse_radius({"value": 187052 if unit != "M" else 2_500_000, "unit": unit})
+    registry = ZoneRegistry()
+    call = {"name": "set_no_fly_zone", "arguments": {
+        "centre": "47.5N 8.5E", "radius": {"value": 187052, "unit": "KM"},
+        "start": "2025-01-01T00:00Z", "end": "2025-01-02T00:00Z"}}
+    assert json.loads(registry.execute(call))["ok"] is False and not registry.zones
+    call["arguments"]["radius"] = {"value": 5, "unit": unit}
+    assert json.loads(registry.execute(call))["ok"] is True
+    for zone in registry.zones.values():
+        assert Zone.from_dict(zone.to_dict()) == zone
 
 def test_limits_compare_in_metres_with_reference():
     """200 M and 656 FT match (2 m tolerance); AGL vs AMSL, FL vs feet AMSL never match."""

@@ -94,6 +94,10 @@ def place_names() -> tuple[str, ...]:
     return tuple(sorted(codes)) + tuple(names[0] for names in CN_AIRPORTS.values())
 
 
+# the largest radius value per unit, below parse_radius's 2,000 km (1079.9 NM is 1,999,975 m)
+RADIUS_MAX = {"NM": 1079.9, "KM": 1999.999, "M": 1999999}
+
+
 @cache
 def strict_tools() -> list[dict]:
     """`TOOLS` with the contract enforced. Cached: callers must not mutate it."""
@@ -104,11 +108,12 @@ def strict_tools() -> list[dict]:
     props["label"] = {"type": "string", "maxLength": 80}
     props["centre"] = {"anyOf": [{"type": "string", "pattern": COORDINATES},
                                  {"enum": list(place_names())}]}
-    props["radius"] = {
-        "type": "object",
-        "properties": {"value": {"type": "number", "exclusiveMinimum": 0, "maximum": 999999},
-                       "unit": {"enum": ["NM", "KM", "M"]}},
-        "required": ["value", "unit"], "additionalProperties": False}
+    props["radius"] = {"anyOf": [
+        {"type": "object",
+         "properties": {"value": {"type": "number", "exclusiveMinimum": 0, "maximum": top},
+                        "unit": {"const": unit}},
+         "required": ["value", "unit"], "additionalProperties": False}
+        for unit, top in RADIUS_MAX.items()]}
     props["lower"], props["upper"] = _LIMIT, _LIMIT
     props["start"], props["end"] = _TIME, _TIME
     props["action"] = {"enum": ["create", "replace", "delete"]}

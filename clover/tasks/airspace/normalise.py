@@ -288,7 +288,9 @@ def parse_radius(radius: Any) -> float:
     unit = parse_unit(radius.get("unit"))
     if unit not in LENGTH_UNITS:
         raise ValueError(f"radius unit must be NM, KM, M or FT, got {unit!r}")
-    return _positive(radius.get("value"), "radius.value") * LENGTH_UNITS[unit]
+    value = _positive(radius.get("value"), "radius.value")
+    # the bound is on the radius itself, as Zone.from_dict checks it: 187052 KM is 187,052 km
+    return _positive(value * LENGTH_UNITS[unit], f"radius {radius.get('value')!r} {unit}")
 
 
 _LIMIT_TEXT = re.compile(r"\s*(FL)\s*(\d+)\s*|\s*(\d[\d,]*\.?\d*)\s*(FT|M|MTR)\s*(AMSL|MSL|AGL)\s*")
