@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -142,13 +143,17 @@ def main() -> None:
     for warm in (None, *(constraints[t] for t in tasks)):  # warm-up; grammars compile once
         run(llm, examples, SamplingParams(max_tokens=32, structured=warm))
     results = []
-    for task in tasks:
-        for tau in args.tau:
-            for grammar in (False, True):
-                params = SamplingParams(max_tokens=args.max_tokens, policy="threshold", tau=tau,
-                                        structured=constraints[task] if grammar else None)
-                results.append({"task": task, "tau": tau, "grammar": grammar,
-                                **run(llm, examples, params, task)})
+    runs = [(task, tau, grammar) for task in tasks for tau in args.tau for grammar in (False, True)]
+    for k, (task, tau, grammar) in enumerate(runs, 1):
+        params = SamplingParams(max_tokens=args.max_tokens, policy="threshold", tau=tau,
+                                structured=constraints[task] if grammar else None)
+        results.append({"task": task, "tau": tau, "grammar": grammar,
+                        **run(llm, examples, params, task)})
+        # progress on stderr, one line per run (a constrained extraction row can take minutes)
+        r = results[-1]
+        print(f"[{k}/{len(runs)}] {task} tau {tau} grammar {'yes' if grammar else 'no'}: "
+              f"validity {r['validity']:.0%}, TPF {r['tpf']:.2f}, {r['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
     _print(results, name)
     print(json.dumps({"bench": "grammar", "hardware": platform.processor() or platform.machine(),
                       "threads": torch.get_num_threads(),
