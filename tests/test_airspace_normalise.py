@@ -85,7 +85,6 @@ def test_radius_units(value, metres):
     assert parse_radius(value) == pytest.approx(metres)
 
 
-
 @pytest.mark.parametrize("unit", ["KM", "NM", "M"])
 def test_radius_bound_is_on_metres(unit):
     """The 2,000 km bound holds for the radius in metres, not for the number before the unit: a
@@ -101,6 +100,7 @@ def test_radius_bound_is_on_metres(unit):
     assert json.loads(registry.execute(call))["ok"] is True
     for zone in registry.zones.values():
         assert Zone.from_dict(zone.to_dict()) == zone
+
 
 def test_limits_compare_in_metres_with_reference():
     """200 M and 656 FT match (2 m tolerance); AGL vs AMSL, FL vs feet AMSL never match."""

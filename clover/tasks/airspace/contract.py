@@ -25,6 +25,7 @@ import copy
 from functools import cache
 from typing import Any
 
+from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M
 from clover.tasks.airspace.tools import TOOLS
 
 # ---- coordinates ---------------------------------------------------------------------------------
@@ -94,10 +95,6 @@ def place_names() -> tuple[str, ...]:
     return tuple(sorted(codes)) + tuple(names[0] for names in CN_AIRPORTS.values())
 
 
-# the largest radius value per unit, below parse_radius's 2,000 km (1079.9 NM is 1,999,975 m)
-RADIUS_MAX = {"NM": 1079.9, "KM": 1999.999, "M": 1999999}
-
-
 @cache
 def strict_tools() -> list[dict]:
     """`TOOLS` with the contract enforced. Cached: callers must not mutate it."""
@@ -110,10 +107,11 @@ def strict_tools() -> list[dict]:
                                  {"enum": list(place_names())}]}
     props["radius"] = {"anyOf": [
         {"type": "object",
-         "properties": {"value": {"type": "number", "exclusiveMinimum": 0, "maximum": top},
+         "properties": {"value": {"type": "number", "exclusiveMinimum": 0,
+                                  "exclusiveMaximum": MAX_RADIUS_M / LENGTH_UNITS[unit]},
                         "unit": {"const": unit}},
          "required": ["value", "unit"], "additionalProperties": False}
-        for unit, top in RADIUS_MAX.items()]}
+        for unit in ("NM", "KM", "M")]}
     props["lower"], props["upper"] = _LIMIT, _LIMIT
     props["start"], props["end"] = _TIME, _TIME
     props["action"] = {"enum": ["create", "replace", "delete"]}

@@ -18,6 +18,7 @@ from typing import Any
 
 NM_M, FT_M = 1852.0, 0.3048
 LENGTH_UNITS = {"NM": NM_M, "KM": 1000.0, "M": 1.0, "FT": FT_M}
+MAX_RADIUS_M = 2_000_000  # a zone radius is below 2,000 km (the contract bounds it per unit)
 _UNIT_ALIASES = {
     "MTR": "M", "METRE": "M", "METRES": "M", "METER": "M", "METERS": "M", "米": "M",
     "公里": "KM", "千米": "KM", "NMR": "NM", "FEET": "FT", "F": "FT",
@@ -124,7 +125,7 @@ def _number(x: Any, what: str) -> float:
 
 def _positive(x: Any, what: str) -> float:
     v = _number(x, what)
-    if not 0 < v < 2_000_000:
+    if not 0 < v < MAX_RADIUS_M:
         raise ValueError(f"{what} must be in (0, 2000 km), got {x!r}")
     return v
 
@@ -288,9 +289,9 @@ def parse_radius(radius: Any) -> float:
     unit = parse_unit(radius.get("unit"))
     if unit not in LENGTH_UNITS:
         raise ValueError(f"radius unit must be NM, KM, M or FT, got {unit!r}")
-    value = _positive(radius.get("value"), "radius.value")
-    # the bound is on the radius itself, as Zone.from_dict checks it: 187052 KM is 187,052 km
-    return _positive(value * LENGTH_UNITS[unit], f"radius {radius.get('value')!r} {unit}")
+    # the bound is on the radius in metres, as Zone.from_dict checks it: 187052 KM is 187,052 km
+    metres = _number(radius.get("value"), "radius.value") * LENGTH_UNITS[unit]
+    return _positive(metres, f"radius {radius.get('value')!r} {unit}")
 
 
 _LIMIT_TEXT = re.compile(r"\s*(FL)\s*(\d+)\s*|\s*(\d[\d,]*\.?\d*)\s*(FT|M|MTR)\s*(AMSL|MSL|AGL)\s*")
