@@ -3,6 +3,7 @@
 import json
 import re
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from clover.tasks.airspace import (
     reference_calls,
     write_jsonl,
 )
+from clover.tasks.airspace.normalise import parse_time
 from clover.tasks.airspace.places import airport_pools
 from clover.tasks.airspace.writing import num_text
 from clover.tokenizer import load_tokenizer
@@ -74,35 +76,42 @@ def test_gold_calls_recover_ground_truth(split, train, heldout):
             assert num_text(args["radius"]["value"]).lstrip("0") in ex.text
 
 
-def test_notam_times_are_printed_as_given(train):
-    """NOTAM/FAA gold times are the printed YYMMDDHHMM groups, reformatted without arithmetic."""
+def test_gold_times_are_copied_as_written(train):
+    """Every gold time of the training families is a span of its message (no reordering for the
+    model to learn), except a Chinese end, which takes the start's date where the message leaves
+    it out; all of them read back to the zone's UTC times."""
     checked = 0
     for ex in train:
-        if not ex.kind.startswith(("icao_notamn", "faa")) or "+" in ex.kind:
+        if "+" in ex.kind:
             continue
-        for call in ex.calls:
-            for key in ("start", "end"):
-                t = call["arguments"][key]
-                if t:
-                    stamp = t[2:4] + t[5:7] + t[8:10] + t[11:13] + t[14:16]
-                    assert stamp in ex.text, (ex.text, t)
+        for call, zone in zip([c for c in ex.calls if c["name"] == "set_no_fly_zone"], ex.zones,
+                              strict=True):  # fmt: skip
+            args = call["arguments"]
+            for key, utc in (("start", zone.start_utc), ("end", zone.end_utc)):
+                t = args[key]
+                assert parse_time(t) == utc, (t, utc)
+                if t and not (key == "end" and ex.kind == "cn_notice"):
+                    assert t in ex.text, (ex.text, t)
                     checked += 1
-    assert checked > 50
+    assert checked > 200
 
 
-def test_chinese_times_are_local_with_offset(train):
-    """Chinese notices keep local wall time (+08:00, 24:00 allowed); UTC is 8 h earlier."""
+def test_chinese_times_are_local_and_complete(train):
+    """Chinese notices keep local wall time (UTC+8, 24时 allowed): the start as written, the end
+    with the start's year and date when the message omits them; UTC is 8 h earlier."""
     cn = [e for e in train if e.kind == "cn_notice"]
     assert len(cn) > 20
-    saw_24 = False
+    saw_24 = saw_short_end = False
     for ex in cn:
         for call, zone in zip(ex.calls, ex.zones, strict=True):
-            start = call["arguments"]["start"]
-            assert start.endswith("+08:00")
-            assert f"{int(start[11:13])}时" in ex.text
-            saw_24 |= call["arguments"]["end"][11:16] == "24:00"
-            assert zone.start_utc is not None
-    assert saw_24
+            start, end = call["arguments"]["start"], call["arguments"]["end"]
+            assert start in ex.text and start.startswith("20") and "年" in start
+            assert end.startswith("20") and "年" in end and "日" in end
+            saw_short_end |= end not in ex.text
+            saw_24 |= end.endswith("24时")
+            local = datetime.fromisoformat(zone.start_utc.replace("Z", "")) + timedelta(hours=8)
+            assert start.startswith(f"{local.year}年{local.month}月{local.day}日{local.hour}时")
+    assert saw_24 and saw_short_end
 
 
 def test_formats_and_negatives_are_covered(train):

@@ -11,7 +11,9 @@ whatever the model is.
   spaced or with degree symbols, hemisphere first or last, the Chinese 北纬/东经 form, signed
   decimals), with degrees, minutes and seconds in range; or an ICAO code or Chinese airport name
   the task can name (`place_names`).
-- `start` / `end`: a real calendar date and time, UTC `Z` or an offset of at most 14 hours; null.
+- `start` / `end`: a real calendar date and time, as the message writes it (NOTAM `YYMMDDHHMM`,
+  Chinese `2024年4月3日14时30分`, English `14:00 UTC on 8 November 2025` and two more) or ISO
+  with UTC `Z` or an offset of at most 14 hours; null.
 - `radius`: a positive number below 2,000 km in NM, KM or M.
 - `lower` / `upper`: `SFC`, `UNL`, a flight level, or a value in FT or M with its reference.
 
@@ -62,12 +64,55 @@ _SIGNED = f"[-+]?{_LAT_DEG}{_FRAC}(, |,| ){'[-+]?'}{_LON_DEG}{_FRAC}"
 COORDINATES = f"^({_HEMI_LAST}|{_HEMI_FIRST}|{_SIGNED})$"
 
 # ---- times ---------------------------------------------------------------------------------------
-_MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-              "|02-(0[1-9]|1[0-9]|2[0-8]))")
-_LEAP_DAY = "20([02468][048]|[13579][26])-02-29"
+# ISO, and the spellings messages use (parse_time reads all of them); every date is a real one.
+_DAYS = {1: 31, 2: 28, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+_LEAP_YY = "([02468][048]|[13579][26])"  # 2000-2099: leap when YY % 4 == 0
+
+
+def _days(last: int, pad: bool) -> str:
+    """Day numbers 1..last (28, 30 or 31), zero-padded or not."""
+    first = "0[1-9]" if pad else "[1-9]"
+    tail = {31: "2[0-9]|3[01]", 30: "2[0-9]|30", 28: "2[0-8]"}[last]
+    return f"({first}|1[0-9]|{tail})"
+
+
+def _dates(month: Any, day_first: bool, pad: bool, sep: str = "") -> str:
+    """Every valid (month, day) pair but 29 February: `month(m)` spells month m."""
+    alts = []
+    for last in (31, 30, 28):
+        months = "|".join(month(m) for m, n in _DAYS.items() if n == last)
+        d = _days(last, pad)
+        alts.append(f"{d}{sep}({months})" if day_first else f"({months}){sep}{d}")
+    return f"({'|'.join(alts)})"
+
+
+_MONTH_DAY = _dates(lambda m: f"{m:02d}", False, True, "-")
+_LEAP_DAY = f"20{_LEAP_YY}-02-29"
 _CLOCK = "(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)"
 _ZONE = "(Z|[-+](0[0-9]|1[0-4]):[0-5][0-9])"
-TIME = f"^(20[0-9][0-9]-{_MONTH_DAY}|{_LEAP_DAY})T{_CLOCK}{_ZONE}$"
+_ISO_TIME = f"(20[0-9][0-9]-{_MONTH_DAY}|{_LEAP_DAY})T{_CLOCK}{_ZONE}"
+# NOTAM YYMMDDHHMM (UTC)
+_NOTAM_TIME = (f"([0-9][0-9]{_dates(lambda m: f'{m:02d}', False, True)}|{_LEAP_YY}0229)"
+               "(([01][0-9]|2[0-3])[0-5][0-9]|2400)")
+# Chinese (UTC+8): 2024年4月3日14时[30分], 24时 without minutes
+_CN_DATE = (f"(20[0-9][0-9]年{_dates(lambda m: f'{m}月', False, False)}日"
+            f"|20{_LEAP_YY}年2月29日)")
+_CN_TIME = f"{_CN_DATE}(([0-9]|1[0-9]|2[0-3])时([1-5]?[0-9]分)?|24时)"
+# English (UTC): 14:00 UTC on 8 November 2025 | 8 November 2025 1400Z | 1400 UTC 8 NOV 2025
+_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December")  # fmt: skip
+
+
+def _en_date(month: Any) -> str:
+    return (f"({_dates(month, True, False, ' ')} 20[0-9][0-9]"
+            f"|29 {month(2)} 20{_LEAP_YY})")
+
+
+_EN_FULL, _EN_ABBR = _en_date(lambda m: _NAMES[m - 1]), _en_date(lambda m: _NAMES[m - 1][:3].upper())
+_HHMM = "([01][0-9]|2[0-3])[0-5][0-9]"
+_HH_MM = "([01][0-9]|2[0-3]):[0-5][0-9]"
+_EN_TIME = f"({_HH_MM} UTC on {_EN_FULL}|{_EN_FULL} {_HHMM}Z|{_HHMM} UTC {_EN_ABBR})"
+TIME = f"^({_ISO_TIME}|{_NOTAM_TIME}|{_CN_TIME}|{_EN_TIME})$"
 
 # ---- the schemas ---------------------------------------------------------------------------------
 _HEIGHT = {"type": "number", "minimum": 0, "maximum": 999999}

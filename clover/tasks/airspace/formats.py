@@ -241,7 +241,8 @@ def icao_notam(
         for k, (c, r) in enumerate(items):
             zid = nid if n_zones == 1 else f"{nid}-{k + 1}"
             add_zone(msg, zone_id=zid, centre=c, radius=r, lower=lower, upper=upper,
-                     start=iso_z(start), end=iso_z(end), start_utc=start, end_utc=end,
+                     start=notam_time(start), end=end and notam_time(end), start_utc=start,
+                     end_utc=end,
                      replaces=ref if kind == "R" else None)  # fmt: skip
     fir = rng.choice(FIRS[a["country"]])
     q = _q_line(fir, code, traffic, purpose, scope, lower, upper, base, max(radii), a["elevation"])
@@ -389,7 +390,7 @@ def _faa_uas(t: Turn) -> Msg:
     )
     msg = Msg(text=text, kind="faa_uas")
     add_zone(msg, zone_id=f"{loc} {num}", centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=iso_z(start), end=iso_z(end), start_utc=start, end_utc=end)  # fmt: skip
+             start=notam_time(start), end=notam_time(end), start_utc=start, end_utc=end)  # fmt: skip
     return msg
 
 
@@ -420,8 +421,8 @@ def _faa_fdc(t: Turn, part: str) -> Msg:
                 radius=r,
                 lower=sfc(rng, 0),
                 upper=up,
-                start=iso_z(start),
-                end=iso_z(end),
+                start=notam_time(start),
+                end=notam_time(end),
                 start_utc=start,
                 end_utc=end,
             )
@@ -443,7 +444,7 @@ def _faa_fdc(t: Turn, part: str) -> Msg:
     }[part]
     msg.text = f"{head}{why} {artcc} ARTCC IS THE FAA CDN FACILITY. {t1}-{t2}"
     add_zone(msg, zone_id=zid, centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=iso_z(start), end=iso_z(end), start_utc=start, end_utc=end)  # fmt: skip
+             start=notam_time(start), end=notam_time(end), start_utc=start, end_utc=end)  # fmt: skip
     return msg
 
 
@@ -492,8 +493,8 @@ def _cn_time(t: Turn) -> tuple[str, str, str, datetime, datetime]:
     s_text = stamp(start, start.hour, start.minute, True, True)
     e_text = stamp(end_day, end_h, 0, days > 0 or rng.random() < 0.3, rng.random() < 0.2)
     text = f"{s_text}至{e_text}"
-    gold_s = f"{start:%Y-%m-%dT%H:%M}+08:00"
-    gold_e = f"{end_day:%Y-%m-%d}T{end_h:02d}:00+08:00"
+    # gold: the start as written, the end with the date and year the message leaves to the start
+    gold_s, gold_e = s_text, stamp(end_day, end_h, 0, True, True)
     end_local = end_day.replace(hour=0, minute=0) + timedelta(hours=end_h)
     return text, gold_s, gold_e, start - timedelta(hours=8), end_local - timedelta(hours=8)
 
@@ -604,7 +605,8 @@ def plain_notice(t: Turn) -> Msg:
             f"{_plain_limit(rng, up)}\nValid: {_plain_time(ts, start)} - {_plain_time(ts, end)}",
         ))  # fmt: skip
     add_zone(msg, zone_id=t.zone_id(), centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=iso_z(start), end=iso_z(end), start_utc=start, end_utc=end)  # fmt: skip
+             start=_plain_time(ts, start), end=end and _plain_time(ts, end), start_utc=start,
+             end_utc=end)  # fmt: skip
     return msg
 
 

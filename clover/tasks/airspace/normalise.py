@@ -339,11 +339,35 @@ def _limit_from_text(text: str) -> Limit:
 # ---- times -------------------------------------------------------------------------------------
 
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::00)?\s*(Z|UTC|[+-]\d{2}:?\d{2})?")
+MONTHS = ("JANUARY", "FEBRUARY", "MARCH", "APRIL", "MAY", "JUNE", "JULY", "AUGUST", "SEPTEMBER",
+          "OCTOBER", "NOVEMBER", "DECEMBER")  # fmt: skip
+_MONTH = {**{m: k for k, m in enumerate(MONTHS, 1)}, **{m[:3]: k for k, m in enumerate(MONTHS, 1)}}
+_M = "([A-Z]+)"
+_ZONE_TAIL = r"\s*(?:\(?UTC\s*([+-]\d{2}:?\d{2})\)?|([+-]\d{2}:?\d{2}))"
+# The message's own spellings (written UTC unless an offset follows): 14:00 UTC on 8 November
+# 2025 | 8 November 2025 1400Z | 1400 UTC 8 NOV 2025 | 14:00 on 8 November 2025 UTC+05:00.
+_WORDS = (
+    (re.compile(rf"(\d{{2}}):?(\d{{2}})\s*(?:UTC|Z)\s+(?:ON\s+)?(\d{{1,2}})\s+{_M}\s+(\d{{4}})"),
+     ("h", "mi", "d", "mo", "y"), "Z"),
+    (re.compile(rf"(\d{{1,2}})\s+{_M}\s+(\d{{4}})\s+(\d{{2}}):?(\d{{2}})\s*(?:Z|UTC)"),
+     ("d", "mo", "y", "h", "mi"), "Z"),
+    (re.compile(rf"(\d{{2}}):?(\d{{2}})\s+(?:ON\s+)?(\d{{1,2}})\s+{_M}\s+(\d{{4}}){_ZONE_TAIL}"),
+     ("h", "mi", "d", "mo", "y", "tz", "tz2"), None),
+)
+# Chinese notices state Beijing time (UTC+8): 2024年4月3日14时[30分]; 24时 is the next day's 0时.
+_CN = re.compile(r"(\d{4})年(\d{1,2})月(\d{1,2})日(\d{1,2})时(?:(\d{1,2})分)?")
+CN_OFFSET = "+08:00"
 
 
 def parse_time(value: Any) -> str | None:
-    """ISO time (UTC `Z` or a local offset such as `+08:00`, `24:00` allowed) or NOTAM
-    `YYMMDDHHMM` (UTC) -> `YYYY-MM-DDTHH:MMZ`; None / "" / PERM / UFN -> None."""
+    """A time -> `YYYY-MM-DDTHH:MMZ` (UTC); None / "" / PERM / UFN -> None.
+
+    Reads ISO (UTC `Z` or a local offset such as `+08:00`, `24:00` allowed) and the messages' own
+    spellings, so a model can copy a time as written: NOTAM `YYMMDDHHMM` (UTC), the Chinese
+    `2024年4月3日14时30分` (UTC+8), and the English `14:00 UTC on 8 November 2025`,
+    `8 November 2025 1400Z`, `1400 UTC 8 NOV 2025` (a local one needs its offset:
+    `14:00 on 8 November 2025 UTC+05:00`).
+    """
     if value is None:
         return None
     if not isinstance(value, str):
@@ -353,9 +377,15 @@ def parse_time(value: Any) -> str | None:
         return None
     if re.fullmatch(r"\d{10}", s):
         s = f"20{s[:2]}-{s[2:4]}-{s[4:6]}T{s[6:8]}:{s[8:]}Z"
+    elif m := _CN.fullmatch(s):
+        y, mo, d, hh, mi = (int(g or 0) for g in m.groups())
+        s = f"{y:04d}-{mo:02d}-{d:02d}T{hh:02d}:{mi:02d}{CN_OFFSET}"
+    else:
+        s = _words_to_iso(s) or s
     m = _ISO.fullmatch(s)
     if not m:
-        raise ValueError(f"cannot read time {value!r}: use YYYY-MM-DDTHH:MMZ or an offset")
+        raise ValueError(f"cannot read time {value!r}: use YYYY-MM-DDTHH:MMZ, an offset, or the "
+                         "time as the message writes it")
     y, mo, d, hh, mm = (int(g) for g in m.groups()[:5])
     if hh == 24 and mm == 0:
         hh, extra = 0, timedelta(days=1)
@@ -367,6 +397,23 @@ def parse_time(value: Any) -> str | None:
         raise ValueError(f"not a valid time: {value!r}") from None
     utc = local - _offset(m.group(6))
     return utc.strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _words_to_iso(s: str) -> str | None:
+    """An English spelling (upper case) -> ISO text for `_ISO`; None if it is not one."""
+    for pattern, names, zone in _WORDS:
+        m = pattern.fullmatch(s)
+        if not m:
+            continue
+        g = dict(zip(names, m.groups(), strict=True))
+        month = _MONTH.get(g["mo"])
+        if month is None:
+            raise ValueError(f"unknown month {g['mo'].title()!r} in time {s!r}")
+        tz = zone or g.get("tz") or g.get("tz2")
+        if len(tz) == 5:  # +0500
+            tz = f"{tz[:3]}:{tz[3:]}"
+        return f"{g['y']}-{month:02d}-{int(g['d']):02d}T{g['h']}:{g['mi']}{tz}"
+    return None
 
 
 def _offset(tz: str | None) -> timedelta:

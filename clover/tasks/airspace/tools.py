@@ -8,8 +8,11 @@ copy digits well and do arithmetic badly):
 - `radius`: `{"value": 0.5, "unit": "NM"|"KM"|"M"}` (MTR, 米 -> M; 公里 -> KM).
 - `lower`/`upper`: `{"value", "unit": "FT"|"M"|"FL", "ref": "SFC"|"AMSL"|"AGL"|"STD"}` or
   `{"unit": "UNL"}`; omitted when the message states no limit (defaults: SFC and UNL).
-- `start`/`end`: `YYYY-MM-DDTHH:MM` + `Z` for UTC, or + the stated offset (`+08:00`) for local
-  times, `24:00` allowed; null for PERM / not stated. Offsets are applied in code, not by the model.
+- `start`/`end`: the time as the message writes it (NOTAM `2603220630`, `2024年4月3日14时30分`,
+  `14:00 UTC on 8 November 2025`); a Chinese end that leaves out its date or year takes the
+  start's (`至16时` -> `2024年4月3日16时`). ISO `YYYY-MM-DDTHH:MM` + `Z` or an offset (`+08:00`)
+  is read too, `24:00` allowed; null for PERM / not stated. Reordering, the Chinese UTC+8 and
+  offsets are applied in code (`normalise.parse_time`), not by the model.
 - `action` is `create` (default, omitted) or `replace` with `replaces`; a cancellation is
   `clear_zone`. This module never raises on model output: bad calls come back as error strings.
 """
@@ -38,7 +41,8 @@ _LIMIT_SCHEMA = {
     },
     "required": ["unit"],
 }
-_TIME_SCHEMA = {"type": ["string", "null"], "description": "YYYY-MM-DDTHH:MMZ, or local +HH:MM"}
+_TIME_SCHEMA = {"type": ["string", "null"],
+                "description": "as written (2603220630), or YYYY-MM-DDTHH:MMZ / +HH:MM"}
 
 TOOLS: list[dict] = [
     {
@@ -88,8 +92,8 @@ TOOL_NAMES = ("set_no_fly_zone", "clear_zone")
 
 SYSTEM_PROMPT = (
     "You turn airspace restriction messages into drone no-fly zones. For each circular zone, "
-    "call set_no_fly_zone once: copy the centre and values as written, times as "
-    "YYYY-MM-DDTHH:MM with Z (UTC) or the local offset. Omit limits that are not stated. "
+    "call set_no_fly_zone once: copy the centre, values and times as written (a Chinese end "
+    "time with its full date). Omit limits that are not stated. "
     "For a replacing NOTAM use action replace; for a cancelled one call clear_zone. "
     "If a message defines no zone, make no call."
 )
