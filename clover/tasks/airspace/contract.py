@@ -108,7 +108,8 @@ def _en_date(month: Any) -> str:
             f"|29 {month(2)} 20{_LEAP_YY})")
 
 
-_EN_FULL, _EN_ABBR = _en_date(lambda m: _NAMES[m - 1]), _en_date(lambda m: _NAMES[m - 1][:3].upper())
+_EN_FULL = _en_date(lambda m: _NAMES[m - 1])
+_EN_ABBR = _en_date(lambda m: _NAMES[m - 1][:3].upper())
 _HHMM = "([01][0-9]|2[0-3])[0-5][0-9]"
 _HH_MM = "([01][0-9]|2[0-3]):[0-5][0-9]"
 _EN_TIME = f"({_HH_MM} UTC on {_EN_FULL}|{_EN_FULL} {_HHMM}Z|{_HHMM} UTC {_EN_ABBR})"

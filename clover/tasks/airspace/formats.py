@@ -390,7 +390,8 @@ def _faa_uas(t: Turn) -> Msg:
     )
     msg = Msg(text=text, kind="faa_uas")
     add_zone(msg, zone_id=f"{loc} {num}", centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=notam_time(start), end=notam_time(end), start_utc=start, end_utc=end)  # fmt: skip
+             start=notam_time(start), end=notam_time(end), start_utc=start,
+             end_utc=end)  # fmt: skip
     return msg
 
 
@@ -444,7 +445,8 @@ def _faa_fdc(t: Turn, part: str) -> Msg:
     }[part]
     msg.text = f"{head}{why} {artcc} ARTCC IS THE FAA CDN FACILITY. {t1}-{t2}"
     add_zone(msg, zone_id=zid, centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=notam_time(start), end=notam_time(end), start_utc=start, end_utc=end)  # fmt: skip
+             start=notam_time(start), end=notam_time(end), start_utc=start,
+             end_utc=end)  # fmt: skip
     return msg
 
 
