@@ -80,6 +80,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grammar", action="store_true",
                    help="constrain both models' turns to text or tool calls that keep the task's "
                         "argument contract (clover.tasks.airspace.contract): every call is valid")
+    p.add_argument("--grounded", action="store_true",
+                   help="--grammar narrowed to each message: a centre, time, radius or limit "
+                        "must be one the message writes (contract.grounded_tools)")
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
     p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
     p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")

@@ -11,7 +11,15 @@ from clover.engine import LLM, SamplingParams
 from clover.grammar import compile_matcher
 from clover.model import build_model
 from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
-from clover.tasks.airspace.contract import COORDINATES, TIME, place_names, strict_tools
+from clover.tasks.airspace.contract import (
+    COORDINATES,
+    TIME,
+    grounded_constraint,
+    grounded_tools,
+    place_names,
+    strict_tools,
+    time_candidates,
+)
 from clover.tasks.airspace.normalise import parse_centre, parse_time
 from clover.tasks.airspace.places import SPLITS
 from clover.tasks.airspace.tools import format_call, interpret_call, parse_tool_calls
@@ -81,9 +89,9 @@ def tiny_llm():
     return LLM(build_model(get_preset("tiny", max_seq_len=2048), seed=0), tok)
 
 
-def _accepts(llm, text: str) -> bool:
+def _accepts(llm, text: str, tools: list[dict] | None = None) -> bool:
     cfg = llm.config
-    matcher = compile_matcher({"tools": strict_tools(), "tool_choice": "required"},
+    matcher = compile_matcher({"tools": tools or strict_tools(), "tool_choice": "required"},
                               llm.tokenizer, cfg.vocab_size, cfg.eos_id)
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     return matcher.accept(ids) == len(ids)
@@ -119,4 +127,80 @@ def test_random_weights_under_the_strict_grammar_write_only_valid_calls(tiny_llm
                 assert parsed.num_invalid == 0, out.text
             for call in parsed.calls:
                 interpret_call(call["name"], call["arguments"])
+    assert closed > 0
+
+
+# ---- grounded: the contract narrowed to one turn's messages --------------------------------------
+
+
+def _grounded_validator(texts: list[str], name: str = "set_no_fly_zone"):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in grounded_tools(texts)}
+    return jsonschema.Draft202012Validator(schemas[name]) if name in schemas else None
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_every_gold_call_matches_its_grounded_schemas(split):
+    """The candidates come from the message text alone, and they always hold the gold values:
+    every gold call of every split validates against the schemas grounded in its own turn."""
+    checked = 0
+    for e in generate_examples(split, 300, seed=11):
+        texts = [text for text, _ in e.history] + [e.text]
+        for call in e.calls:
+            _grounded_validator(texts, call["name"]).validate(call["arguments"])
+            checked += call["name"] == "set_no_fly_zone"
+    assert checked > 250
+
+
+def test_grounded_schemas_reject_values_the_message_does_not_write():
+    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    check = _grounded_validator([text])
+    check.validate(good)
+    for key, value in [("centre", "1214.4N 12212.1E"),  # valid, but not the message's
+                       ("centre", "EGKK"), ("start", "2025-02-14T04:00Z"),  # same time, ISO
+                       ("end", "2502141031"), ("radius", {"value": 11, "unit": "NM"}),
+                       ("upper", {"value": 400, "unit": "M", "ref": "AGL"})]:
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate({**good, key: value})
+    check.validate({**good, "centre": "EGLL"})  # a place the message names
+
+
+def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():
+    tools = grounded_tools(["!SVC 07/502 SVC NAV ILS RWY 01R LOC U/S 2507290030-2507310100"])
+    assert [t["function"]["name"] for t in tools] == ["clear_zone"]
+
+
+def test_grounded_candidates_complete_a_chinese_end_and_a_stated_offset():
+    cn = "管控时间：2024年12月30日14时至1月2日16时；2024年4月3日9时30分至18时。"
+    en = "from 20:00 on 15 May 2025 to 01:00 on 16 May 2025 local time (UTC+01:00)."
+    allowed = time_candidates(f"{cn}\n{en}")
+    for t in ("2024年12月30日14时", "2025年1月2日16时", "2024年4月3日9时30分", "2024年4月3日18时",
+              "20:00 on 15 May 2025 UTC+01:00", "01:00 on 16 May 2025 UTC+01:00"):
+        assert t in allowed, t
+        assert parse_time(t) is not None
+    assert parse_time("2024年4月3日18时") == "2024-04-03T10:00Z"
+
+
+@pytest.mark.slow
+def test_random_weights_under_the_grounded_grammar_copy_only_the_messages_values(tiny_llm):
+    """An untrained model under the grounded grammar: every closed call is valid, and its centre
+    is a span of the message it answers."""
+    examples = [e for e in generate_examples("test", 6, 3) if e.zones][:3]
+    closed = 0
+    for e in examples:
+        conversation = [{"role": "user", "content": e.text}]
+        tools = grounded_constraint(conversation)["tools"]  # the zone tool only: random weights
+        structured = {"tools": tools[:1], "tool_choice": "required"}  # pick clear_zone else
+        prompt = render_chat(tiny_llm.tokenizer, conversation, add_generation_prompt=True)
+        out = tiny_llm.generate([prompt], SamplingParams(tau=0.5, max_tokens=320,
+                                                         structured=structured))[0]
+        parsed = parse_tool_calls(out.text)
+        if out.finish_reason == "stop":
+            assert parsed.num_invalid == 0, out.text
+        for call in parsed.calls:
+            interpret_call(call["name"], call["arguments"])
+            if call["name"] == "set_no_fly_zone":
+                closed += 1
+                assert call["arguments"]["centre"] in e.text
     assert closed > 0

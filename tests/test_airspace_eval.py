@@ -54,6 +54,23 @@ def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_pa
                 interpret_call(call["name"], call["arguments"])
 
 
+def test_eval_grounded_copies_centres_from_each_message(capsys, model_dir, tmp_path):
+    """--grounded: each request gets its own grammar, built from its message; every centre a
+    closed call writes is then a span of that message."""
+    out = tmp_path / "preds.jsonl"
+    rc = main(["eval", "airspace", "--model", model_dir, "--n", "4", "--max-tokens", "192",
+               "--max-turns", "1", "--device", "cpu", "--grounded", "--tau", "0.5",
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["grounded"] is True and result["grammar"] is True
+    for e, line in zip(generate_examples("test", 4, 0), out.read_text().splitlines(), strict=True):
+        for call in parse_calls(json.loads(line)["output"]).calls:
+            zone = interpret_call(call["name"], call["arguments"])
+            if call["name"] == "set_no_fly_zone":
+                assert call["arguments"]["centre"] in e.text and zone.radius_m > 0
+
+
 def test_eval_names_a_missing_model_directory(capsys, tmp_path):
     rc = main(["eval", "airspace", "--model", str(tmp_path / "nope"), "--n", "1"])
     assert rc == 2

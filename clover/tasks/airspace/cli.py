@@ -90,17 +90,18 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     """Decode a split with a model through the agent loop, score it, break it down by format."""
     from clover.engine import LLM, SamplingParams
     from clover.tasks.airspace.agent import predictions, run_agent
-    from clover.tasks.airspace.contract import tool_constraint
+    from clover.tasks.airspace.contract import grounded_constraint, tool_constraint
     from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
     from clover.tasks.airspace.scorer import score
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else generate_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    structured = tool_constraint() if args.grammar else None
+    structured = tool_constraint() if args.grammar or args.grounded else None
     params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
                             structured=structured)
-    run = run_agent(llm, examples, params, max_turns=args.max_turns)
+    run = run_agent(llm, examples, params, max_turns=args.max_turns,
+                    constrain=grounded_constraint if args.grounded else None)
     preds = predictions(run)
     result = {k: score(preds, examples)[k] for k in (*SUMMARY_KEYS, "errors")}
     result["by_format"] = {}
@@ -111,7 +112,8 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
                                      "fields": round(part["field_accuracy"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
-                  policy=args.policy, tau=args.tau, grammar=args.grammar,
+                  policy=args.policy, tau=args.tau, grammar=args.grammar or args.grounded,
+                  grounded=args.grounded,
                   grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
                   full_task_s=round(run.full_task_s, 1),
                   tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
@@ -179,6 +181,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--grammar", action="store_true",
                    help="constrain every turn to text or tool calls that keep the argument "
                         "contract (clover.tasks.airspace.contract): every call is valid")
+    e.add_argument("--grounded", action="store_true",
+                   help="--grammar narrowed to each message: a centre, time, radius or limit "
+                        "must be one the message writes (contract.grounded_tools)")
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")

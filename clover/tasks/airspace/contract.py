@@ -24,10 +24,11 @@ Not enforced (the scorer does not need them): that a zone id looks like a NOTAM 
 from __future__ import annotations
 
 import copy
+import re
 from functools import cache
 from typing import Any
 
-from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M
+from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M, parse_centre
 from clover.tasks.airspace.tools import TOOLS
 
 # ---- coordinates ---------------------------------------------------------------------------------
@@ -112,7 +113,9 @@ _EN_FULL = _en_date(lambda m: _NAMES[m - 1])
 _EN_ABBR = _en_date(lambda m: _NAMES[m - 1][:3].upper())
 _HHMM = "([01][0-9]|2[0-3])[0-5][0-9]"
 _HH_MM = "([01][0-9]|2[0-3]):[0-5][0-9]"
-_EN_TIME = f"({_HH_MM} UTC on {_EN_FULL}|{_EN_FULL} {_HHMM}Z|{_HHMM} UTC {_EN_ABBR})"
+# and a local one with the offset the message states: 20:00 on 15 May 2025 UTC+01:00
+_EN_LOCAL = f"{_HH_MM} on {_EN_FULL} UTC[-+](0[0-9]|1[0-4]):[0-5][0-9]"
+_EN_TIME = f"({_HH_MM} UTC on {_EN_FULL}|{_EN_FULL} {_HHMM}Z|{_HHMM} UTC {_EN_ABBR}|{_EN_LOCAL})"
 TIME = f"^({_ISO_TIME}|{_NOTAM_TIME}|{_CN_TIME}|{_EN_TIME})$"
 
 # ---- the schemas ---------------------------------------------------------------------------------
@@ -169,6 +172,122 @@ def strict_tools() -> list[dict]:
     return tools
 
 
-def tool_constraint() -> dict[str, Any]:
-    """`SamplingParams.structured` for one airspace turn: text, or calls that keep the contract."""
-    return {"tools": strict_tools(), "tool_choice": "auto"}
+
+
+# ---- grounded: the contract narrowed to one turn's messages --------------------------------------
+# Values a call copies must be written in the messages it answers: the centre one of their
+# coordinate spans or place names, a time one of their time spans, a radius or limit one of their
+# numbers. The candidates come from the message text alone (never from a gold answer); the model
+# still decides which zones there are and which value goes where.
+_COORD_SPAN = re.compile(COORDINATES[1:-1])  # unanchored: fullmatch(text, pos, endpos) works
+_TIME_SPAN = re.compile(TIME[1:-1])
+_UTC_OFFSET = re.compile(r"UTC([-+]\d{2}:\d{2})")
+_EN_LOCAL_SPAN = re.compile(r"\b\d{2}:\d{2} on \d{1,2} [A-Z][a-z]+ \d{4}")
+_CN_FULL_SPAN = re.compile(r"(20\d\d)年(\d{1,2})月(\d{1,2})日\d{1,2}时(?:\d{1,2}分)?")
+_CN_PART_SPAN = re.compile(r"(?<![\d日年])(?:(\d{1,2})月(\d{1,2})日)?\d{1,2}时(?:\d{1,2}分)?")
+_NUMBER_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?")
+_ICAO_SPAN = re.compile(r"\b[A-Z]{4}\b")
+
+
+def _spans(pattern: re.Pattern, text: str, longest: int = 64) -> set[str]:
+    """Spans of `text` that `pattern` matches, each the longest one at its start (Python's `re`
+    takes the first alternative that matches, which can stop a coordinate at its degrees)."""
+    out, pos = set(), 0
+    while m := pattern.search(text, pos):
+        end = next((e for e in range(min(len(text), m.start() + longest), m.end(), -1)
+                    if pattern.fullmatch(text, m.start(), e)), m.end())
+        if end > m.start():
+            out.add(text[m.start():end].strip())
+        pos = max(end, m.start() + 1)
+    return out - {""}
+
+
+def centre_candidates(text: str) -> list[str]:
+    """Coordinate spans and place names (ICAO codes, Chinese airport names) written in `text`."""
+    spans = _spans(_COORD_SPAN, text)
+    names = set(place_names())
+    spans |= {m.group(0) for m in _ICAO_SPAN.finditer(text) if m.group(0) in names}
+    spans |= {n for n in names if not n.isascii() and n in text}
+    # two bare integers ("26 020", "1,50") are dates and counts far more often than a centre
+    spans = {s for s in spans if not re.fullmatch(r"[-+]?\d+(, |,| )[-+]?\d+", s)}
+    return sorted(s for s in spans if _parses(s))
+
+
+def time_candidates(text: str) -> list[str]:
+    """Time spans written in `text`; each Chinese end completed with a start's date; each English
+    local time with an offset the text states (`local time (UTC+01:00)`)."""
+    spans = _spans(_TIME_SPAN, text)
+    for full in _CN_FULL_SPAN.finditer(text):
+        year, month, day = (int(g) for g in full.groups())
+        for part in _CN_PART_SPAN.finditer(text, full.end()):
+            p = part.group(0)
+            if part.group(1) is None:
+                spans.add(f"{year}年{month}月{day}日{p}")
+            else:
+                later = int(part.group(1)) < month  # December to January: the next year
+                spans.add(f"{year + later}年{p}")
+    offsets = set(_UTC_OFFSET.findall(text))
+    for local in _EN_LOCAL_SPAN.finditer(text):
+        spans |= {f"{local.group(0)} UTC{off}" for off in offsets}
+    return sorted(s for s in spans if _TIME_SPAN.fullmatch(s))
+
+
+def number_candidates(text: str) -> list[float | int]:
+    """Every number written in `text` (`.3` is 0.3, `1,200` is 1200, `FL095` gives 95)."""
+    out = set()
+    for m in _NUMBER_SPAN.finditer(text):
+        if m.group(0) and any(c.isdigit() for c in m.group(0)):
+            v = float(m.group(0).replace(",", ""))
+            out.add(int(v) if v.is_integer() else v)
+    return sorted(out)
+
+
+def _parses(centre: str) -> bool:
+    try:
+        parse_centre(centre)
+    except ValueError:
+        return False
+    return True
+
+
+def grounded_tools(texts: list[str]) -> list[dict]:
+    """`strict_tools()` with every copied value narrowed to what `texts` (the turn's user
+    messages) write; `set_no_fly_zone` is left out when they give no centre at all."""
+    text = "\n".join(texts)
+    tools = copy.deepcopy(strict_tools())
+    props = tools[0]["function"]["parameters"]["properties"]
+    centres, times = centre_candidates(text), time_candidates(text)
+    numbers = number_candidates(text)
+    if not centres:
+        return tools[1:]
+    props["centre"] = {"enum": centres}
+    props["start"] = props["end"] = {"anyOf": [{"enum": times}, {"type": "null"}]} if times else {
+        "type": "null"}
+    for branch in props["radius"]["anyOf"]:
+        value = branch["properties"]["value"]
+        allowed = [v for v in numbers if 0 < v < value["exclusiveMaximum"]]
+        branch["properties"]["value"] = {"enum": allowed}
+    props["radius"]["anyOf"] = [b for b in props["radius"]["anyOf"]
+                                if b["properties"]["value"]["enum"]]
+    heights = sorted({0, *(v for v in numbers if v <= 999999)})
+    limit = copy.deepcopy(_LIMIT)
+    for branch in limit["anyOf"]:
+        if "value" in branch["properties"]:
+            branch["properties"]["value"] = {"enum": heights}
+    props["lower"], props["upper"] = limit, copy.deepcopy(limit)
+    if not props["radius"]["anyOf"]:
+        return tools[1:]
+    return tools
+
+
+def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
+    """`tool_constraint` grounded in a conversation's user messages (for `run_agent`)."""
+    return tool_constraint([m["content"] for m in conversation
+                            if m.get("role") == "user" and isinstance(m.get("content"), str)])
+
+
+def tool_constraint(texts: list[str] | None = None) -> dict[str, Any]:
+    """`SamplingParams.structured` for one airspace turn: text, or calls that keep the contract;
+    given the turn's user messages, the grounded contract (`grounded_tools`)."""
+    tools = strict_tools() if texts is None else grounded_tools(texts)
+    return {"tools": tools, "tool_choice": "auto"}

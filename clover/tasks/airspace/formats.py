@@ -629,7 +629,8 @@ def _plain_heldout(
                 f"{ls.year} to {le:%H:%M} on {le.day} {MONTHS[le.month - 1]} {le.year} local "
                 f"time (UTC{off}).")  # fmt: skip
     add_zone(msg, zone_id=t.zone_id(), centre=centre, radius=r, lower=sfc(rng, 0), upper=up,
-             start=f"{ls:%Y-%m-%dT%H:%M}{off}", end=f"{le:%Y-%m-%dT%H:%M}{off}",
+             start=f"{ls:%H:%M} on {ls.day} {MONTHS[ls.month - 1]} {ls.year} UTC{off}",
+             end=f"{le:%H:%M} on {le.day} {MONTHS[le.month - 1]} {le.year} UTC{off}",
              start_utc=start, end_utc=end)  # fmt: skip
     return msg
 
