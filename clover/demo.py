@@ -88,7 +88,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                              f"with `clover train` or pass another directory")
     examples = _examples(cfg)
     params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
-                            structured=tool_constraint() if cfg.grammar or cfg.grounded else None)
+                            structured=tool_constraint() if cfg.grammar else None)
     constrain = grounded_constraint if cfg.grounded else None
     rows, runs = [], {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):

@@ -89,9 +89,9 @@ def tiny_llm():
     return LLM(build_model(get_preset("tiny", max_seq_len=2048), seed=0), tok)
 
 
-def _accepts(llm, text: str, tools: list[dict] | None = None) -> bool:
+def _accepts(llm, text: str) -> bool:
     cfg = llm.config
-    matcher = compile_matcher({"tools": tools or strict_tools(), "tool_choice": "required"},
+    matcher = compile_matcher({"tools": strict_tools(), "tool_choice": "required"},
                               llm.tokenizer, cfg.vocab_size, cfg.eos_id)
     ids = llm.tokenizer.encode(text, add_special_tokens=False)
     return matcher.accept(ids) == len(ids)

@@ -37,14 +37,18 @@ def test_eval_prints_metrics_per_format_and_writes_predictions(capsys, model_dir
     assert ids == [e.id for e in generate_examples("test", 3, 0)]
 
 
-def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_path):
-    """Random weights, constrained: every closed `<tool_call>` block the model wrote parses."""
+def _constrained_eval(capsys, model_dir, tmp_path, flag: str):
+    """4 test messages decoded by random weights under `flag`, tau 0.5: (result, predictions)."""
     out = tmp_path / "preds.jsonl"
     rc = main(["eval", "airspace", "--model", model_dir, "--n", "4", "--max-tokens", "192",
-               "--max-turns", "1", "--device", "cpu", "--grammar", "--tau", "0.5",
-               "--out", str(out)])
+               "--max-turns", "1", "--device", "cpu", flag, "--tau", "0.5", "--out", str(out)])
     assert rc == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1]), out
+
+
+def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_path):
+    """Random weights, constrained: every closed `<tool_call>` block the model wrote parses."""
+    result, out = _constrained_eval(capsys, model_dir, tmp_path, "--grammar")
     assert result["grammar"] is True and result["grammar_s"] > 0
     for line in out.read_text().splitlines():
         text = json.loads(line)["output"]
@@ -57,12 +61,7 @@ def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_pa
 def test_eval_grounded_copies_centres_from_each_message(capsys, model_dir, tmp_path):
     """--grounded: each request gets its own grammar, built from its message; every centre a
     closed call writes is then a span of that message."""
-    out = tmp_path / "preds.jsonl"
-    rc = main(["eval", "airspace", "--model", model_dir, "--n", "4", "--max-tokens", "192",
-               "--max-turns", "1", "--device", "cpu", "--grounded", "--tau", "0.5",
-               "--out", str(out)])
-    assert rc == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result, out = _constrained_eval(capsys, model_dir, tmp_path, "--grounded")
     assert result["grounded"] is True and result["grammar"] is True
     for e, line in zip(generate_examples("test", 4, 0), out.read_text().splitlines(), strict=True):
         for call in parse_calls(json.loads(line)["output"]).calls:

@@ -97,7 +97,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else generate_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    structured = tool_constraint() if args.grammar or args.grounded else None
+    structured = tool_constraint() if args.grammar else None  # --grounded: one per turn
     params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
                             structured=structured)
     run = run_agent(llm, examples, params, max_turns=args.max_turns,

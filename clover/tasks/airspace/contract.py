@@ -28,7 +28,7 @@ import re
 from functools import cache
 from typing import Any
 
-from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M, parse_centre
+from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M, MONTHS, parse_centre
 from clover.tasks.airspace.tools import TOOLS
 
 # ---- coordinates ---------------------------------------------------------------------------------
@@ -100,8 +100,6 @@ _CN_DATE = (f"(20[0-9][0-9]年{_dates(lambda m: f'{m}月', False, False)}日"
             f"|20{_LEAP_YY}年2月29日)")
 _CN_TIME = f"{_CN_DATE}(([0-9]|1[0-9]|2[0-3])时([1-5]?[0-9]分)?|24时)"
 # English (UTC): 14:00 UTC on 8 November 2025 | 8 November 2025 1400Z | 1400 UTC 8 NOV 2025
-_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")  # fmt: skip
 
 
 def _en_date(month: Any) -> str:
@@ -109,8 +107,8 @@ def _en_date(month: Any) -> str:
             f"|29 {month(2)} 20{_LEAP_YY})")
 
 
-_EN_FULL = _en_date(lambda m: _NAMES[m - 1])
-_EN_ABBR = _en_date(lambda m: _NAMES[m - 1][:3].upper())
+_EN_FULL = _en_date(lambda m: MONTHS[m - 1])
+_EN_ABBR = _en_date(lambda m: MONTHS[m - 1][:3].upper())
 _HHMM = "([01][0-9]|2[0-3])[0-5][0-9]"
 _HH_MM = "([01][0-9]|2[0-3]):[0-5][0-9]"
 # and a local one with the offset the message states: 20:00 on 15 May 2025 UTC+01:00
@@ -269,14 +267,14 @@ def grounded_tools(texts: list[str]) -> list[dict]:
         branch["properties"]["value"] = {"enum": allowed}
     props["radius"]["anyOf"] = [b for b in props["radius"]["anyOf"]
                                 if b["properties"]["value"]["enum"]]
-    heights = sorted({0, *(v for v in numbers if v <= 999999)})
+    if not props["radius"]["anyOf"]:
+        return tools[1:]
+    heights = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
     limit = copy.deepcopy(_LIMIT)
     for branch in limit["anyOf"]:
         if "value" in branch["properties"]:
             branch["properties"]["value"] = {"enum": heights}
     props["lower"], props["upper"] = limit, copy.deepcopy(limit)
-    if not props["radius"]["anyOf"]:
-        return tools[1:]
     return tools
 
 

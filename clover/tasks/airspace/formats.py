@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from clover.tasks.airspace.normalise import NM_M, Zone
+from clover.tasks.airspace.normalise import MONTHS, NM_M, Zone
 from clover.tasks.airspace.places import CN_AIRPORTS, FIRS, US_STATES
 from clover.tasks.airspace.writing import (
     COORD_WRITERS,
@@ -549,8 +549,6 @@ def cn_notice(t: Turn) -> Msg:
 
 # ---- plain-English notices ---------------------------------------------------------------------
 
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
-          "September", "October", "November", "December")  # fmt: skip
 PLAIN_COORDS = ("dms_sym", "dms_ascii", "dec_signed", "dec_hemi", "dec_plain", "dms_sp")
 PLAIN_EVENTS = ("music festival", "air show", "state visit", "marathon", "royal visit",
                 "firework display", "football match")  # fmt: skip

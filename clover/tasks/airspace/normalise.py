@@ -339,9 +339,9 @@ def _limit_from_text(text: str) -> Limit:
 # ---- times -------------------------------------------------------------------------------------
 
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::00)?\s*(Z|UTC|[+-]\d{2}:?\d{2})?")
-MONTHS = ("JANUARY", "FEBRUARY", "MARCH", "APRIL", "MAY", "JUNE", "JULY", "AUGUST", "SEPTEMBER",
-          "OCTOBER", "NOVEMBER", "DECEMBER")  # fmt: skip
-_MONTH = {**{m: k for k, m in enumerate(MONTHS, 1)}, **{m[:3]: k for k, m in enumerate(MONTHS, 1)}}
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December")  # fmt: skip
+_MONTH = {name: k for k, m in enumerate(MONTHS, 1) for name in (m.upper(), m[:3].upper())}
 _M = "([A-Z]+)"
 _ZONE_TAIL = r"\s*(?:\(?UTC\s*([+-]\d{2}:?\d{2})\)?|([+-]\d{2}:?\d{2}))"
 # The message's own spellings (written UTC unless an offset follows): 14:00 UTC on 8 November
