@@ -9,6 +9,7 @@ for tests only; nothing in the server imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -26,14 +27,19 @@ SAMPLE_TEXTS = [
 ]
 
 
-def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.0) -> Path:
+def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.0,
+                         max_seq_len: int | None = None) -> Path:
     """A `tiny` preset model (random weights, lm_head scaled by `sharpen` so greedy decoding is
-    confident and stable) saved with a 512-token tokenizer at `path`."""
+    confident and stable) saved with a 512-token tokenizer at `path`; `max_seq_len` overrides
+    the preset's context (512) for prompts that carry long tool schemas."""
     from clover.checkpoint import save
     from clover.tokenizer import train_tokenizer
 
     tok = train_tokenizer(SAMPLE_TEXTS * 20, vocab_size=512)
-    model = build_model(get_preset("tiny"), seed=seed).eval()
+    config = get_preset("tiny")
+    if max_seq_len is not None:
+        config = dataclasses.replace(config, max_seq_len=max_seq_len)
+    model = build_model(config, seed=seed).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
     return save(model, tok, path)
