@@ -19,7 +19,8 @@ def _train(args: argparse.Namespace) -> int:
         stop_after=args.stop_after, device=args.device, seed=args.seed, bf16=args.bf16,
         eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
-        sharpen=args.sharpen, save_dtype=args.save_dtype, copy_mix=args.copy_mix,
+        sharpen=args.sharpen, ar_mix=args.ar_mix, save_dtype=args.save_dtype,
+        copy_mix=args.copy_mix,
         prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
@@ -55,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
     p.add_argument("--sharpen", type=float, default=0.0,
                    help="confidence-sharpening weight (entropy where already right)")
+    p.add_argument("--ar-mix", type=float, default=0.0, metavar="W",
+                   help="diffusion models: add W x the next-token loss under a causal mask (a "
+                        "second forward; keeps what an AR --init-from model knew)")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="dtype of the final model's stored weights (bfloat16: half the size)")
     p.add_argument("--copy-mix", type=float, default=0.0, metavar="F",

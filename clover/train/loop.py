@@ -67,6 +67,7 @@ class TrainConfig:
     bias_rate: float = 1e-3  # expert-bias step per update (sigmoid routers)
     noise_eps: float = 1e-3  # t ~ U[eps, 1]
     sharpen_coef: float = 0.0  # weight of the entropy on already-right targets (confidence)
+    ar_coef: float = 0.0  # diffusion models: weight of a next-token loss under a causal mask
     eval_every: int = 0  # validation loss (and the evaluate hook) every N steps; 0: at the end
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     log_every: int = 10
@@ -85,6 +86,7 @@ class TrainConfig:
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]"),
             (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
             (self.grad_clip >= 0, "grad_clip", "must be >= 0"),
+            (self.ar_coef >= 0, "ar_coef", "must be >= 0"),
             (self.log_every >= 1, "log_every", "must be >= 1"),
             (not self.resume or self.work_dir, "resume", "needs work_dir"),
         ]
@@ -183,6 +185,7 @@ class StepResult:
     tokens: int
     counts_LE: torch.Tensor | None
     confident_entropy: float = 0.0  # mean over all targets of the sharpening term
+    ar_loss: float | None = None  # mean next-token loss of the AR term (ar_coef > 0)
 
 
 @dataclass
@@ -218,7 +221,10 @@ class Trainer:
         self.work_dir = Path(config.work_dir) if config.work_dir else None
         if config.resume:
             self._resume()
-        self.net = self._wrap(ObjectiveModule(self.model, self.objective))
+        if config.ar_coef and model.config.attention == "causal":
+            raise ValueError("ar_coef adds a next-token loss to a diffusion objective; this "
+                             "model is causal already")
+        self.net = self._wrap(ObjectiveModule(self.model, self.objective, config.ar_coef))
 
     def _wrap(self, module: ObjectiveModule) -> nn.Module:
         if self.env.world == 1:
@@ -255,23 +261,24 @@ class Trainer:
         lr = lr_at(self.state.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum, aux_sum, ent_sum, counts = self._accumulate(batches, num_targets)
+        loss_sum, aux_sum, ent_sum, ar_sum, counts = self._accumulate(batches, num_targets)
         grad_norm = self._clip()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum, ent_sum], dtype=torch.float64),
-                              env)
+        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum, ent_sum, ar_sum],
+                                           dtype=torch.float64), env)
         if counts is not None:
             counts = all_reduce_sum(counts, env)
             if cfg.bias_rate:
                 update_expert_bias(self.model, counts, cfg.bias_rate)
         return StepResult(float(sums[0]) / num_targets, float(sums[1]) / (env.world * len(batches)),
-                          grad_norm, lr, int(num_tokens), counts, float(sums[2]) / num_targets)
+                          grad_norm, lr, int(num_tokens), counts, float(sums[2]) / num_targets,
+                          float(sums[3]) / num_targets if cfg.ar_coef else None)
 
     def _accumulate(self, batches: list[Batch], num_targets: float):
         """Forward + backward every micro-batch; gradients add up to d(global mean loss)."""
         cfg, world = self.config, self.env.world
-        loss_sum = aux_sum = ent_sum = 0.0
+        loss_sum = aux_sum = ent_sum = ar_sum = 0.0
         counts = None
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -287,6 +294,9 @@ class Trainer:
                     if cfg.sharpen_coef:
                         loss = loss + cfg.sharpen_coef * out.confident_entropy_sum * (
                             world / num_targets)
+                if out.ar_sum is not None:
+                    ar_sum += float(out.ar_sum.detach())
+                    loss = loss + cfg.ar_coef * out.ar_sum * (world / num_targets)
                 if out.moe is not None:
                     aux = out.moe.aux_loss
                     loss = loss + cfg.aux_coef * aux / len(batches)
@@ -295,7 +305,7 @@ class Trainer:
                     counts = c if counts is None else counts + c
                 loss.backward()
             loss_sum += float(out.loss_sum.detach())
-        return loss_sum, aux_sum, ent_sum, counts
+        return loss_sum, aux_sum, ent_sum, ar_sum, counts
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -375,6 +385,8 @@ class Trainer:
                  "grad_norm": round(r.grad_norm, 4), "tok_s": round(tok_s, 1),
                  "tokens_seen": self.state.tokens_seen,
                  "confident_entropy": round(r.confident_entropy, 5)}
+        if r.ar_loss is not None:
+            entry["ar_loss"] = round(r.ar_loss, 5)
         if r.counts_LE is not None:
             entry.update(aux=round(r.aux, 4), **load_stats(r.counts_LE),
                          moe_load=load_fractions(r.counts_LE))

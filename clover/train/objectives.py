@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from clover.config import ModelConfig
 from clover.model.diffusion import noisy_clean_visibility
 from clover.model.moe import MoEStats
-from clover.model.transformer import KVCache
+from clover.model.transformer import KVCache, visibility
 from clover.train.data import Batch
 
 
@@ -41,6 +41,9 @@ class LossOutput:
     # sum over targets the model already gets right (argmax == target) of the predicted
     # distribution's entropy: the confidence-sharpening term (dParallel, LLaDA2.0-CAP)
     confident_entropy_sum: Tensor | None = None
+    # diffusion models trained with an AR term (`ObjectiveModule(ar_coef=...)`): the sum over
+    # targets of the next-token cross-entropy under a causal mask (unweighted)
+    ar_sum: Tensor | None = None
 
 
 def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
@@ -167,7 +170,14 @@ def full_diffusion(model: nn.Module, config: ModelConfig, batch: Batch,
 
 def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
            share_prefix: bool = True) -> LossOutput:
-    """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise)."""
+    """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise).
+
+    A `block` or `full` model gets the same loss under a causal mask in place of its own (the AR
+    term of `ObjectiveModule(ar_coef=...)`); its prefix is then not shared."""
+    causal_mask = None
+    if config.attention != "causal":
+        share_prefix = False
+        causal_mask = visibility("causal", config.block_size, batch.pos_BL, batch.pos_BL)
     P = shared_prefix_len(batch, config) if share_prefix else 0
     cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P)
     src_BL = torch.full_like(batch.ids_BL, -1)
@@ -175,7 +185,7 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     assert bool((i_N > 0).all()), "causal targets need their previous token in the batch"
     src_BL[b_N, i_N - 1] = _flat_index(batch.target_BL)[b_N, i_N]
     out = model(batch.ids_BL, batch.pos_BL, cache=cache, valid_BL=batch.valid_BL,
-                logits_mask_BL=src_BL >= 0)
+                logits_mask_BL=src_BL >= 0, attn_mask_BLS=causal_mask)
     moe = _merge_moe(prefix_moe, P, out.moe, batch.num_tokens)
     return _selected_loss(out.logits, src_BL, batch, noise, moe)
 
@@ -261,21 +271,35 @@ OBJECTIVES: dict[str, Objective] = {
 
 class ObjectiveModule(nn.Module):
     """A model and its objective as one module: DDP then sees one forward per backward, however
-    many model calls the objective makes (shared prefix, reference loops)."""
+    many model calls the objective makes (shared prefix, reference loops).
 
-    def __init__(self, model: nn.Module, objective: Objective) -> None:
+    `ar_coef > 0` (diffusion models only) adds a second forward on the clean tokens under a
+    causal mask and returns its next-token loss as `ar_sum`, for the loop to add with that
+    weight: an AR-initialised model keeps practising what it knew while it adapts. Its routing
+    stats are left out (the diffusion forward drives MoE balancing)."""
+
+    def __init__(self, model: nn.Module, objective: Objective, ar_coef: float = 0.0) -> None:
         super().__init__()
-        self.model, self.objective = model, objective
+        self.model, self.objective, self.ar_coef = model, objective, ar_coef
 
     def forward(self, batch: Batch, noise: Noise) -> LossOutput:
-        return self.objective(self.model, self.model.config, batch, noise)
+        config = self.model.config
+        out = self.objective(self.model, config, batch, noise)
+        if self.ar_coef and config.attention != "causal":
+            out.ar_sum = causal(self.model, config, batch, clean_noise(batch)).loss_sum
+        return out
+
+
+def clean_noise(batch: Batch) -> Noise:
+    """No noise: clean tokens, nothing masked, t = 1 (the weight of every target is 1)."""
+    ones = torch.ones_like(batch.ids_BL, dtype=torch.float32)
+    return Noise(batch.ids_BL, torch.zeros_like(batch.target_BL), ones)
 
 
 def batch_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
     """Noise for the config's objective (causal models train on clean tokens, t = 1)."""
     if config.attention == "causal":
-        ones = torch.ones_like(batch.ids_BL, dtype=torch.float32)
-        return Noise(batch.ids_BL, torch.zeros_like(batch.target_BL), ones)
+        return clean_noise(batch)
     return draw_noise(batch, config, eps)
 
 

@@ -276,6 +276,7 @@ class RunArgs:
     lr: float | None = None
     shift_logits: bool = False
     sharpen: float = 0.0
+    ar_mix: float = 0.0  # diffusion: weight of the next-token loss under a causal mask
     save_dtype: str = "float32"  # dtype of the final model directory's weights
     copy_mix: float = 0.0  # share of training examples that are the repeat task (`copy_task`)
     prompt_loss: bool = False  # the prompt is a target too (language-model loss on the message)
@@ -293,6 +294,9 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
                          f"{', '.join(PROMPT_FORMATS)}")
+    if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
+        raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
+                         f"models (--attention block or full; got {args.attention})")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     steps = args.steps or recipe.steps
@@ -307,7 +311,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
-        sharpen_coef=args.sharpen, resume=args.resume, stop_after=args.stop_after, eval_every=0,
+        sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
+        stop_after=args.stop_after, eval_every=0,
         save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
@@ -366,7 +371,8 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
     return {
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
-        "sharpen": args.sharpen, "copy_mix": args.copy_mix, "prompt_loss": args.prompt_loss,
+        "sharpen": args.sharpen, "ar_mix": args.ar_mix, "copy_mix": args.copy_mix,
+        "prompt_loss": args.prompt_loss,
         "config_overrides": args.config_overrides,
         "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
