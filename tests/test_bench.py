@@ -21,18 +21,21 @@ from clover.tasks.airspace import SYSTEM_PROMPT, assistant_text, generate_exampl
 from clover.tokenizer import train_tokenizer
 
 
+def _model_dirs(root, max_seq_len: int) -> tuple[str, str]:
+    train = generate_examples("train", 120, seed=1)
+    texts = [e.text for e in train] + [assistant_text(e.calls) for e in train] + [SYSTEM_PROMPT]
+    tok = train_tokenizer(texts, vocab_size=640)
+    size = {"vocab_size": 640, "max_seq_len": max_seq_len}
+    dllm = build_model(get_preset("tiny", block_size=8, **size), seed=0)
+    ar = build_model(get_preset("tiny", attention="causal", block_size=1, **size), seed=0)
+    return str(save(dllm, tok, root / "dllm")), str(save(ar, tok, root / "ar"))
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """A tiny block-diffusion model and its causal twin, saved with one small tokenizer. Their
     max_seq_len is shorter than the airspace chat prompts: the sweep must still decode them."""
-    train = generate_examples("train", 120, seed=1)
-    texts = [e.text for e in train] + [assistant_text(e.calls) for e in train] + [SYSTEM_PROMPT]
-    tok = train_tokenizer(texts, vocab_size=640)
-    root = tmp_path_factory.mktemp("bench-models")
-    size = {"vocab_size": 640, "max_seq_len": 512}
-    dllm = build_model(get_preset("tiny", block_size=8, **size), seed=0)
-    ar = build_model(get_preset("tiny", attention="causal", block_size=1, **size), seed=0)
-    return str(save(dllm, tok, root / "dllm")), str(save(ar, tok, root / "ar"))
+    return _model_dirs(tmp_path_factory.mktemp("bench-models"), 512)
 
 
 def test_grid_puts_each_ar_point_beside_its_diffusion_points():
@@ -164,6 +167,28 @@ def test_sweep_prints_a_table_then_one_json_line(bench_run):
     assert set(result["matmul_peak_flops_per_s"]) == {"torch.float32"}
     assert result["weights"]["dllm fp32"]["quantized_fraction"] == 0.0
     assert result["hardware"]["device"] == "cpu"
+
+
+def test_grounded_sweep_decodes_every_point_under_the_grounded_grammar(tmp_path):
+    """--grounded: each turn is constrained (grammar time on every point, none without it) and
+    the report says so. The models' context holds the chat prompt with its tool schemas."""
+    model_dirs = _model_dirs(tmp_path, 4096)
+
+    def sweep(name: str, *flags: str) -> dict:
+        argv = ["bench", "airspace", "--model", model_dirs[0], "--ar-model", model_dirs[1],
+                "--n", "2", "--policies", "threshold", "--taus", "0.9", "--block-sizes", "0",
+                "--batch-sizes", "2", "--precisions", "fp32", "--repeats", "1",
+                "--max-tokens", "8", "--max-turns", "1", "--out", str(tmp_path / name),
+                "--no-progress", "--no-plots", *flags]
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(argv) == 0
+        return json.loads((tmp_path / name / "results.json").read_text())
+
+    free, grounded = sweep("free"), sweep("grounded", "--grounded")
+    assert grounded["settings"]["grounded"] is True and free["settings"]["grounded"] is False
+    assert all(p["grammar_s"] > 0 and p["generated_tokens"] > 0 for p in grounded["points"])
+    assert all(p["grammar_s"] == 0 and p["generated_tokens"] > 0 for p in free["points"])
+    assert "grounded in each turn's messages" in (tmp_path / "grounded" / "report.md").read_text()
 
 
 def test_sweep_writes_plots_and_a_report_that_embeds_them(bench_run):

@@ -39,7 +39,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "out", "name")}
     fields["ar_model"] = "" if args.no_ar else args.ar_model
     return make_config(args.quick, task=args.task, precisions=precisions,
-                       grammar=args.grammar, **fields)
+                       grammar=args.grammar, grounded=args.grounded, **fields)
 
 
 def out_dir(cfg: BenchConfig) -> Path:
@@ -107,6 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-turns", type=int, default=None,
                    help=f"agent turns per message (default {d.max_turns})")
     p.add_argument("--grammar", action="store_true", help="constrain tool calls by the grammar")
+    p.add_argument("--grounded", action="store_true",
+                   help="per turn, the strict tool contract narrowed to the values the "
+                        "messages write (as clover eval airspace --grounded)")
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")

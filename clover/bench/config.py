@@ -50,6 +50,7 @@ class BenchConfig:
     max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
     grammar: bool = False  # constrain tool calls with the tool-call grammar
+    grounded: bool = False  # per turn: the strict contract narrowed to the turn's messages
     device: str = "auto"
     threads: int = 0  # torch threads (0: leave torch's default)
     out: str | None = None  # default runs/bench/<name or timestamp>

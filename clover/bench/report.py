@@ -104,6 +104,12 @@ def _best(points: list[dict]) -> list[str]:
     return out
 
 
+def _grammar(settings: dict[str, Any]) -> str:
+    if settings.get("grounded"):
+        return "grounded in each turn's messages"
+    return "on" if settings["grammar"] else "off"
+
+
 def markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
     s, hw = results["settings"], results["hardware"]
     models = "; ".join(f"{role}: `{m['path']}` ({m['attention']}, {m['total_params'] / 1e6:.1f}M "
@@ -117,7 +123,7 @@ def markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
     parts = [
         f"# clover bench: {results['task']}", "", f"{headline(results)}.", "",
         f"- Models: {models}", f"- Messages: {results['messages']}; max_tokens "
-        f"{s['max_tokens']}, max_turns {s['max_turns']}, grammar {'on' if s['grammar'] else 'off'}",
+        f"{s['max_tokens']}, max_turns {s['max_turns']}, grammar {_grammar(s)}",
         f"- Hardware: {hw.get('processor') or hw['machine']}, {hw['cpus']} CPUs, "
         f"{hw['threads']} torch threads, device {hw['device']}, torch {hw['torch']}, "
         f"torchao {hw['torchao']}",
