@@ -9,7 +9,6 @@ for tests only; nothing in the server imports it.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -36,10 +35,8 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.
     from clover.tokenizer import train_tokenizer
 
     tok = train_tokenizer(SAMPLE_TEXTS * 20, vocab_size=512)
-    config = get_preset("tiny")
-    if max_seq_len is not None:
-        config = dataclasses.replace(config, max_seq_len=max_seq_len)
-    model = build_model(config, seed=seed).eval()
+    context = {} if max_seq_len is None else {"max_seq_len": max_seq_len}
+    model = build_model(get_preset("tiny", **context), seed=seed).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
     return save(model, tok, path)
