@@ -166,6 +166,27 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
     check.validate({**good, "centre": "EGLL"})  # a place the message names
 
 
+def test_grounded_zone_values_come_from_one_message():
+    """With two messages (two user turns, or one turn holding a feed of two), each message's
+    own values pass, and a call that mixes in a value of the other is refused."""
+    first = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+             "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    second = ("A2000/25 NOTAMN\nA) EGKK B) 2503010600 C) 2503011800\nE) UAS OPS WI 5130.0N "
+              "00010.0W RADIUS 2NM.\nF) SFC G) 120M AGL")
+    one = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    two = {**GOOD, "zone_id": "A2000/25", "centre": "5130.0N 00010.0W",
+           "radius": {"value": 2, "unit": "NM"}, "upper": {"value": 120, "unit": "M", "ref": "AGL"},
+           "start": "2503010600", "end": "2503011800"}
+    for texts in ([first, second], [f"{first}\n\n{second}"]):  # two turns, or one feed
+        check = _grounded_validator(texts)
+        check.validate(one)
+        check.validate(two)
+        for key in ("centre", "start", "end", "radius", "upper"):
+            with pytest.raises(jsonschema.ValidationError):
+                check.validate({**one, key: two[key]})
+    assert _grounded_validator([first, first]).schema == _grounded_validator([first]).schema
+
+
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():
     tools = grounded_tools(["!SVC 07/502 SVC NAV ILS RWY 01R LOC U/S 2507290030-2507310100"])
     assert [t["function"]["name"] for t in tools] == ["clear_zone"]

@@ -185,6 +185,7 @@ _CN_FULL_SPAN = re.compile(r"(20\d\d)年(\d{1,2})月(\d{1,2})日\d{1,2}时(?:\d{
 _CN_PART_SPAN = re.compile(r"(?<![\d日年])(?:(\d{1,2})月(\d{1,2})日)?\d{1,2}时(?:\d{1,2}分)?")
 _NUMBER_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?")
 _ICAO_SPAN = re.compile(r"\b[A-Z]{4}\b")
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
 def _spans(pattern: re.Pattern, text: str, longest: int = 64) -> set[str]:
@@ -250,14 +251,39 @@ def _parses(centre: str) -> bool:
 
 def grounded_tools(texts: list[str]) -> list[dict]:
     """`strict_tools()` with every copied value narrowed to what `texts` (the turn's user
-    messages) write; `set_no_fly_zone` is left out when they give no centre at all."""
-    text = "\n".join(texts)
+    messages) write. A zone's values all come from one message: a user message may hold several
+    (a feed puts a blank line between them, `split_messages`), and the zone tool's parameters
+    are one branch per message (`anyOf`), so a call cannot take its centre from one message and
+    its times from another. `set_no_fly_zone` is left out when no message gives a centre and a
+    radius."""
     tools = copy.deepcopy(strict_tools())
-    props = tools[0]["function"]["parameters"]["properties"]
+    branches: list[dict] = []
+    for text in (block for t in texts for block in split_messages(t)):
+        params = _grounded_zone_params(tools[0]["function"]["parameters"], text)
+        if params is not None and params not in branches:
+            branches.append(params)
+    if not branches:
+        return tools[1:]
+    tools[0]["function"]["parameters"] = (branches[0] if len(branches) == 1 else
+                                          {"type": "object", "anyOf": branches})
+    return tools
+
+
+def split_messages(text: str) -> list[str]:
+    """The messages of one user turn: blocks separated by a blank line (how the task's feeds,
+    and `data.generate_examples`, join several messages into one turn)."""
+    return [b.strip() for b in _BLANK_LINE.split(text) if b.strip()]
+
+
+def _grounded_zone_params(strict: dict, text: str) -> dict | None:
+    """The zone tool's strict parameters narrowed to the values `text` writes; None when it
+    writes no centre or no radius."""
     centres, times = centre_candidates(text), time_candidates(text)
     numbers = number_candidates(text)
     if not centres:
-        return tools[1:]
+        return None
+    params = copy.deepcopy(strict)
+    props = params["properties"]
     props["centre"] = {"enum": centres}
     props["start"] = props["end"] = {"anyOf": [{"enum": times}, {"type": "null"}]} if times else {
         "type": "null"}
@@ -268,14 +294,14 @@ def grounded_tools(texts: list[str]) -> list[dict]:
     props["radius"]["anyOf"] = [b for b in props["radius"]["anyOf"]
                                 if b["properties"]["value"]["enum"]]
     if not props["radius"]["anyOf"]:
-        return tools[1:]
+        return None
     heights = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
     limit = copy.deepcopy(_LIMIT)
     for branch in limit["anyOf"]:
         if "value" in branch["properties"]:
             branch["properties"]["value"] = {"enum": heights}
     props["lower"], props["upper"] = limit, copy.deepcopy(limit)
-    return tools
+    return params
 
 
 def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
