@@ -187,6 +187,22 @@ def test_grounded_zone_values_come_from_one_message():
     assert _grounded_validator([first, first]).schema == _grounded_validator([first]).schema
 
 
+def test_grounded_zone_ends_after_it_starts():
+    """A grounded zone may not end at or before its start; a missing start or end goes with
+    any time."""
+    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    check = _grounded_validator([text])
+    for start, end in [("2502140400", "2502141030"), (None, "2502140400"),
+                       ("2502141030", None), (None, None)]:
+        check.validate({**good, "start": start, "end": end})
+    for start, end in [("2502140400", "2502140400"), ("2502141030", "2502140400"),
+                       ("2502141030", "2502141030")]:
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate({**good, "start": start, "end": end})
+
+
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():
     tools = grounded_tools(["!SVC 07/502 SVC NAV ILS RWY 01R LOC U/S 2507290030-2507310100"])
     assert [t["function"]["name"] for t in tools] == ["clear_zone"]

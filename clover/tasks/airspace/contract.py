@@ -28,7 +28,13 @@ import re
 from functools import cache
 from typing import Any
 
-from clover.tasks.airspace.normalise import LENGTH_UNITS, MAX_RADIUS_M, MONTHS, parse_centre
+from clover.tasks.airspace.normalise import (
+    LENGTH_UNITS,
+    MAX_RADIUS_M,
+    MONTHS,
+    parse_centre,
+    parse_time,
+)
 from clover.tasks.airspace.tools import TOOLS
 
 # ---- coordinates ---------------------------------------------------------------------------------
@@ -254,14 +260,13 @@ def grounded_tools(texts: list[str]) -> list[dict]:
     messages) write. A zone's values all come from one message: a user message may hold several
     (a feed puts a blank line between them, `split_messages`), and the zone tool's parameters
     are one branch per message (`anyOf`), so a call cannot take its centre from one message and
-    its times from another. `set_no_fly_zone` is left out when no message gives a centre and a
-    radius."""
+    its times from another; and a zone ends after it starts (no end at or before its start).
+    `set_no_fly_zone` is left out when no message gives a centre and a radius."""
     tools = copy.deepcopy(strict_tools())
     branches: list[dict] = []
     for text in (block for t in texts for block in split_messages(t)):
         params = _grounded_zone_params(tools[0]["function"]["parameters"], text)
-        if params is not None and params not in branches:
-            branches.append(params)
+        branches += [b for b in (params or []) if b not in branches]
     if not branches:
         return tools[1:]
     tools[0]["function"]["parameters"] = (branches[0] if len(branches) == 1 else
@@ -275,9 +280,9 @@ def split_messages(text: str) -> list[str]:
     return [b.strip() for b in _BLANK_LINE.split(text) if b.strip()]
 
 
-def _grounded_zone_params(strict: dict, text: str) -> dict | None:
-    """The zone tool's strict parameters narrowed to the values `text` writes; None when it
-    writes no centre or no radius."""
+def _grounded_zone_params(strict: dict, text: str) -> list[dict] | None:
+    """The zone tool's strict parameters narrowed to the values `text` writes, as branches that
+    each pair some starts with the ends after them; None when it writes no centre or radius."""
     centres, times = centre_candidates(text), time_candidates(text)
     numbers = number_candidates(text)
     if not centres:
@@ -285,8 +290,6 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     params = copy.deepcopy(strict)
     props = params["properties"]
     props["centre"] = {"enum": centres}
-    props["start"] = props["end"] = {"anyOf": [{"enum": times}, {"type": "null"}]} if times else {
-        "type": "null"}
     for branch in props["radius"]["anyOf"]:
         value = branch["properties"]["value"]
         allowed = [v for v in numbers if 0 < v < value["exclusiveMaximum"]]
@@ -301,7 +304,31 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
         if "value" in branch["properties"]:
             branch["properties"]["value"] = {"enum": heights}
     props["lower"], props["upper"] = limit, copy.deepcopy(limit)
-    return params
+    branches = []
+    for starts, ends in _ordered_times(times):
+        branch = copy.deepcopy(params)
+        branch["properties"]["start"] = _time_choice(starts)
+        branch["properties"]["end"] = _time_choice(ends)
+        branches.append(branch)
+    return branches
+
+
+def _time_choice(values: list[str | None]) -> dict:
+    named = [v for v in values if v is not None]
+    options = ([{"enum": named}] if named else []) + ([{"type": "null"}] if None in values else [])
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _ordered_times(times: list[str]) -> list[tuple[list[str | None], list[str | None]]]:
+    """(starts, ends) groups: every end a group allows is after every start in it (or unknown:
+    a missing start or end, or a time `parse_time` cannot place, goes with anything)."""
+    groups: dict[tuple, list[str | None]] = {}
+    for start in [None, *times]:
+        t0 = parse_time(start)
+        ends = tuple(e for e in [*times, None]
+                     if t0 is None or e is None or parse_time(e) is None or parse_time(e) > t0)
+        groups.setdefault(ends, []).append(start)
+    return [(starts, list(ends)) for ends, starts in groups.items()]
 
 
 def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
