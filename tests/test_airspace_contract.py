@@ -160,7 +160,10 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
     for key, value in [("centre", "1214.4N 12212.1E"),  # valid, but not the message's
                        ("centre", "EGKK"), ("start", "2025-02-14T04:00Z"),  # same time, ISO
                        ("end", "2502141031"), ("radius", {"value": 11, "unit": "NM"}),
-                       ("upper", {"value": 400, "unit": "M", "ref": "AGL"})]:
+                       ("upper", {"value": 400, "unit": "M", "ref": "AGL"}),
+                       # digits of the centre or a time are not a radius or a limit
+                       ("radius", {"value": 1214.3, "unit": "M"}),
+                       ("upper", {"value": 12212.1, "unit": "FT", "ref": "AMSL"})]:
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, key: value})
     check.validate({**good, "centre": "EGLL"})  # a place the message names

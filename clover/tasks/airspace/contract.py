@@ -284,9 +284,10 @@ def _grounded_zone_params(strict: dict, text: str) -> list[dict] | None:
     """The zone tool's strict parameters narrowed to the values `text` writes, as branches that
     each pair some starts with the ends after them; None when it writes no centre or radius."""
     centres, times = centre_candidates(text), time_candidates(text)
-    numbers = number_candidates(text)
     if not centres:
         return None
+    # a radius or a limit is a number of its own, not digits of a coordinate or a time
+    numbers = number_candidates(_blank(text, [*centres, *_spans(_TIME_SPAN, text)]))
     params = copy.deepcopy(strict)
     props = params["properties"]
     props["centre"] = {"enum": centres}
@@ -311,6 +312,13 @@ def _grounded_zone_params(strict: dict, text: str) -> list[dict] | None:
         branch["properties"]["end"] = _time_choice(ends)
         branches.append(branch)
     return branches
+
+
+def _blank(text: str, spans: list[str]) -> str:
+    """`text` with every occurrence of `spans` (longest first) replaced by a space."""
+    for span in sorted(spans, key=len, reverse=True):
+        text = text.replace(span, " ")
+    return text
 
 
 def _time_choice(values: list[str | None]) -> dict:
