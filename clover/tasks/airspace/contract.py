@@ -260,13 +260,15 @@ def grounded_tools(texts: list[str]) -> list[dict]:
     messages) write. A zone's values all come from one message: a user message may hold several
     (a feed puts a blank line between them, `split_messages`), and the zone tool's parameters
     are one branch per message (`anyOf`), so a call cannot take its centre from one message and
-    its times from another; and a zone ends after it starts (no end at or before its start).
+    its times from another; and a zone ends after it starts (an `anyOf` of start / end pairs
+    beside each message's properties).
     `set_no_fly_zone` is left out when no message gives a centre and a radius."""
     tools = copy.deepcopy(strict_tools())
     branches: list[dict] = []
     for text in (block for t in texts for block in split_messages(t)):
         params = _grounded_zone_params(tools[0]["function"]["parameters"], text)
-        branches += [b for b in (params or []) if b not in branches]
+        if params is not None and params not in branches:
+            branches.append(params)
     if not branches:
         return tools[1:]
     tools[0]["function"]["parameters"] = (branches[0] if len(branches) == 1 else
@@ -280,9 +282,10 @@ def split_messages(text: str) -> list[str]:
     return [b.strip() for b in _BLANK_LINE.split(text) if b.strip()]
 
 
-def _grounded_zone_params(strict: dict, text: str) -> list[dict] | None:
-    """The zone tool's strict parameters narrowed to the values `text` writes, as branches that
-    each pair some starts with the ends after them; None when it writes no centre or radius."""
+def _grounded_zone_params(strict: dict, text: str) -> dict | None:
+    """The zone tool's strict parameters narrowed to the values `text` writes, with an `anyOf`
+    whose branches each pair some starts with the ends after them; None when it writes no
+    centre or no radius."""
     centres, times = centre_candidates(text), time_candidates(text)
     if not centres:
         return None
@@ -305,13 +308,10 @@ def _grounded_zone_params(strict: dict, text: str) -> list[dict] | None:
         if "value" in branch["properties"]:
             branch["properties"]["value"] = {"enum": heights}
     props["lower"], props["upper"] = limit, copy.deepcopy(limit)
-    branches = []
-    for starts, ends in _ordered_times(times):
-        branch = copy.deepcopy(params)
-        branch["properties"]["start"] = _time_choice(starts)
-        branch["properties"]["end"] = _time_choice(ends)
-        branches.append(branch)
-    return branches
+    props["start"] = props["end"] = _time_choice([*times, None])
+    params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
+                       for starts, ends in _ordered_times(times)]
+    return params
 
 
 def _blank(text: str, spans: list[str]) -> str:
