@@ -17,6 +17,7 @@ from clover.tasks.airspace.contract import (
     grounded_constraint,
     grounded_tools,
     place_names,
+    radius_candidates,
     strict_tools,
     time_candidates,
 )
@@ -163,6 +164,7 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
                        ("upper", {"value": 400, "unit": "M", "ref": "AGL"}),
                        # digits of the centre or a time are not a radius or a limit
                        ("radius", {"value": 1214.3, "unit": "M"}),
+                       ("radius", {"value": 10, "unit": "KM"}),  # written as 10NM
                        ("upper", {"value": 12212.1, "unit": "FT", "ref": "AMSL"})]:
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, key: value})
@@ -204,6 +206,15 @@ def test_grounded_zone_ends_after_it_starts():
                        ("2502141030", "2502141030")]:
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, "start": start, "end": end})
+
+
+def test_radius_candidates_pair_each_number_with_the_unit_written_after_it():
+    assert radius_candidates("WI 10NM RADIUS, 3NMR OF X (9.6NM WSW ALO) SFC-1200FT AGL") == {
+        "NM": [3, 9.6, 10]}
+    assert radius_candidates("within 0.25 nautical miles of; Radius: 2 km; 2000MTR") == {
+        "NM": [0.25], "KM": [2], "M": [2000]}
+    assert radius_candidates("半径1.5公里范围内真高300米以下") == {"KM": [1.5], "M": [300]}
+    assert radius_candidates("FL095 2507220730") == {}
 
 
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():

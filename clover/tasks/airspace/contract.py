@@ -192,6 +192,11 @@ _CN_PART_SPAN = re.compile(r"(?<![\d日年])(?:(\d{1,2})月(\d{1,2})日)?\d{1,2}
 _NUMBER_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?")
 _ICAO_SPAN = re.compile(r"\b[A-Z]{4}\b")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
+                 "KM": r"KM|km|kilometres?|kilometers?|公里|千米",
+                 "M": r"MTR|M|m|metres?|meters?|米"}
+_RADIUS_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?("
+                          + "|".join(_RADIUS_UNITS.values()) + r")(?![A-Za-z])")
 
 
 def _spans(pattern: re.Pattern, text: str, longest: int = 64) -> set[str]:
@@ -247,6 +252,17 @@ def number_candidates(text: str) -> list[float | int]:
     return sorted(out)
 
 
+def radius_candidates(text: str) -> dict[str, list[float | int]]:
+    """Numbers `text` writes with a length unit right after them (`10NM`, `2 km`, `300 metres`,
+    `半径1.5公里`), by the contract's radius unit; empty when it writes none."""
+    out: dict[str, set] = {}
+    for m in _RADIUS_SPAN.finditer(text):
+        unit = next(u for u, words in _RADIUS_UNITS.items() if re.fullmatch(words, m.group(2)))
+        v = float(m.group(1).replace(",", ""))
+        out.setdefault(unit, set()).add(int(v) if v.is_integer() else v)
+    return {u: sorted(vs) for u, vs in out.items()}
+
+
 def _parses(centre: str) -> bool:
     try:
         parse_centre(centre)
@@ -294,9 +310,13 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     params = copy.deepcopy(strict)
     props = params["properties"]
     props["centre"] = {"enum": centres}
+    # a radius is a number written with its unit (`10NM`); any number when none is written so
+    radii = radius_candidates(_blank(text, centres))
     for branch in props["radius"]["anyOf"]:
         value = branch["properties"]["value"]
-        allowed = [v for v in numbers if 0 < v < value["exclusiveMaximum"]]
+        unit = branch["properties"]["unit"]["const"]
+        allowed = [v for v in (radii.get(unit, []) if radii else numbers)
+                   if 0 < v < value["exclusiveMaximum"]]
         branch["properties"]["value"] = {"enum": allowed}
     props["radius"]["anyOf"] = [b for b in props["radius"]["anyOf"]
                                 if b["properties"]["value"]["enum"]]
