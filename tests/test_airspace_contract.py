@@ -16,6 +16,7 @@ from clover.tasks.airspace.contract import (
     TIME,
     grounded_constraint,
     grounded_tools,
+    height_candidates,
     place_names,
     radius_candidates,
     strict_tools,
@@ -164,8 +165,10 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
                        ("upper", {"value": 400, "unit": "M", "ref": "AGL"}),
                        # digits of the centre or a time are not a radius or a limit
                        ("radius", {"value": 1214.3, "unit": "M"}),
+                       ("upper", {"value": 12212.1, "unit": "FT", "ref": "AMSL"}),
                        ("radius", {"value": 10, "unit": "KM"}),  # written as 10NM
-                       ("upper", {"value": 12212.1, "unit": "FT", "ref": "AMSL"})]:
+                       ("upper", {"value": 300, "unit": "FT", "ref": "AGL"}),  # 300M
+                       ("upper", {"value": 10, "unit": "FL", "ref": "STD"})]:  # no FL written
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, key: value})
     check.validate({**good, "centre": "EGLL"})  # a place the message names
@@ -215,6 +218,14 @@ def test_radius_candidates_pair_each_number_with_the_unit_written_after_it():
         "NM": [0.25], "KM": [2], "M": [2000]}
     assert radius_candidates("半径1.5公里范围内真高300米以下") == {"KM": [1.5], "M": [300]}
     assert radius_candidates("FL095 2507220730") == {}
+
+
+def test_height_candidates_pair_each_number_with_its_unit():
+    assert height_candidates("F) 1500FT AMSL G) FL125; SFC-1200FT AGL; FL 095") == {
+        "FT": [1200, 1500], "FL": [95, 125]}
+    assert height_candidates("up to 150 m above ground level; 真高300米以下; 600M AMSL") == {
+        "M": [150, 300, 600]}
+    assert height_candidates("WI 10NM RADIUS 2507220730") == {}
 
 
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():

@@ -197,6 +197,10 @@ _RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
                  "M": r"MTR|M|m|metres?|meters?|米"}
 _RADIUS_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?("
                           + "|".join(_RADIUS_UNITS.values()) + r")(?![A-Za-z])")
+_HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": r"MTR|M|m|metres?|meters?|米"}
+_HEIGHT_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?("
+                          + "|".join(_HEIGHT_UNITS.values()) + r")(?![A-Za-z])")
+_FLIGHT_LEVEL_SPAN = re.compile(r"\bFL ?(\d{1,3})\b")
 
 
 def _spans(pattern: re.Pattern, text: str, longest: int = 64) -> set[str]:
@@ -263,6 +267,24 @@ def radius_candidates(text: str) -> dict[str, list[float | int]]:
     return {u: sorted(vs) for u, vs in out.items()}
 
 
+def height_candidates(text: str) -> dict[str, list[float | int]]:
+    """Numbers `text` writes as heights, by unit: with feet or metres right after them
+    (`500FT`, `1200 feet`, `150 m`, `真高300米`) or after a flight level (`FL125`, `FL 095`);
+    empty when it writes none."""
+    out: dict[str, set] = {}
+    for m in _HEIGHT_SPAN.finditer(text):
+        unit = next(u for u, words in _HEIGHT_UNITS.items() if re.fullmatch(words, m.group(2)))
+        out.setdefault(unit, set()).add(_number(m.group(1)))
+    for m in _FLIGHT_LEVEL_SPAN.finditer(text):
+        out.setdefault("FL", set()).add(_number(m.group(1)))
+    return {u: sorted(v for v in vs if v <= _HEIGHT["maximum"]) for u, vs in out.items()}
+
+
+def _number(written: str) -> float | int:
+    v = float(written.replace(",", ""))
+    return int(v) if v.is_integer() else v
+
+
 def _parses(centre: str) -> bool:
     try:
         parse_centre(centre)
@@ -322,12 +344,8 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
                                 if b["properties"]["value"]["enum"]]
     if not props["radius"]["anyOf"]:
         return None
-    heights = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
-    limit = copy.deepcopy(_LIMIT)
-    for branch in limit["anyOf"]:
-        if "value" in branch["properties"]:
-            branch["properties"]["value"] = {"enum": heights}
-    props["lower"], props["upper"] = limit, copy.deepcopy(limit)
+    props["lower"] = _grounded_limit(numbers, height_candidates(_blank(text, centres)))
+    props["upper"] = copy.deepcopy(props["lower"])
     props["start"] = props["end"] = _time_choice([*times, None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
                        for starts, ends in _ordered_times(times)]
@@ -339,6 +357,27 @@ def _blank(text: str, spans: list[str]) -> str:
     for span in sorted(spans, key=len, reverse=True):
         text = text.replace(span, " ")
     return text
+
+
+def _grounded_limit(numbers: list, written: dict[str, list]) -> dict:
+    """`_LIMIT` with each unit's value one of the heights written with that unit (0 always, for
+    SFC / GND); any number in FT or M, and any FL, when the message writes no height that way."""
+    anywhere = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
+    limit = copy.deepcopy(_LIMIT)
+    feet_or_metres, flight_level, unlimited = limit["anyOf"]
+    branches = []
+    for unit in ("FT", "M"):
+        branch = copy.deepcopy(feet_or_metres)
+        values = sorted({0, *written.get(unit, [])}) if written else anywhere
+        branch["properties"]["value"] = {"enum": values}
+        branch["properties"]["unit"] = {"const": unit}
+        branches.append(branch)
+    levels = written.get("FL", []) if written else anywhere
+    if levels:
+        flight_level["properties"]["value"] = {"enum": levels}
+        branches.append(flight_level)
+    limit["anyOf"] = [*branches, unlimited]
+    return limit
 
 
 def _time_choice(values: list[str | None]) -> dict:
