@@ -192,14 +192,11 @@ _CN_PART_SPAN = re.compile(r"(?<![\d日年])(?:(\d{1,2})月(\d{1,2})日)?\d{1,2}
 _NUMBER_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?")
 _ICAO_SPAN = re.compile(r"\b[A-Z]{4}\b")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
+# units as messages write them right after a number (`10NM`, `2 km`, `150 m`, `半径1.5公里`)
+_METRES = r"MTR|M|m|metres?|meters?|米"
 _RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
-                 "KM": r"KM|km|kilometres?|kilometers?|公里|千米",
-                 "M": r"MTR|M|m|metres?|meters?|米"}
-_RADIUS_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?("
-                          + "|".join(_RADIUS_UNITS.values()) + r")(?![A-Za-z])")
-_HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": r"MTR|M|m|metres?|meters?|米"}
-_HEIGHT_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?("
-                          + "|".join(_HEIGHT_UNITS.values()) + r")(?![A-Za-z])")
+                 "KM": r"KM|km|kilometres?|kilometers?|公里|千米", "M": _METRES}
+_HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": _METRES}
 _FLIGHT_LEVEL_SPAN = re.compile(r"\bFL ?(\d{1,3})\b")
 
 
@@ -248,36 +245,39 @@ def time_candidates(text: str) -> list[str]:
 
 def number_candidates(text: str) -> list[float | int]:
     """Every number written in `text` (`.3` is 0.3, `1,200` is 1200, `FL095` gives 95)."""
-    out = set()
-    for m in _NUMBER_SPAN.finditer(text):
-        if m.group(0) and any(c.isdigit() for c in m.group(0)):
-            v = float(m.group(0).replace(",", ""))
-            out.add(int(v) if v.is_integer() else v)
-    return sorted(out)
+    return sorted({_number(m.group(0)) for m in _NUMBER_SPAN.finditer(text)
+                   if any(c.isdigit() for c in m.group(0))})
 
 
 def radius_candidates(text: str) -> dict[str, list[float | int]]:
     """Numbers `text` writes with a length unit right after them (`10NM`, `2 km`, `300 metres`,
     `半径1.5公里`), by the contract's radius unit; empty when it writes none."""
-    out: dict[str, set] = {}
-    for m in _RADIUS_SPAN.finditer(text):
-        unit = next(u for u, words in _RADIUS_UNITS.items() if re.fullmatch(words, m.group(2)))
-        v = float(m.group(1).replace(",", ""))
-        out.setdefault(unit, set()).add(int(v) if v.is_integer() else v)
-    return {u: sorted(vs) for u, vs in out.items()}
+    return _with_units(text, _RADIUS_UNITS)
 
 
 def height_candidates(text: str) -> dict[str, list[float | int]]:
     """Numbers `text` writes as heights, by unit: with feet or metres right after them
     (`500FT`, `1200 feet`, `150 m`, `真高300米`) or after a flight level (`FL125`, `FL 095`);
     empty when it writes none."""
+    levels = {_number(m.group(1)) for m in _FLIGHT_LEVEL_SPAN.finditer(text)}
+    out = _with_units(text, _HEIGHT_UNITS) | ({"FL": sorted(levels)} if levels else {})
+    return {u: [v for v in vs if v <= _HEIGHT["maximum"]] for u, vs in out.items()}
+
+
+def _with_units(text: str, units: dict[str, str]) -> dict[str, list[float | int]]:
+    """{unit: sorted numbers} for each number in `text` with one of `units`' words right after it
+    (`units` maps a unit to a regex of its spellings)."""
     out: dict[str, set] = {}
-    for m in _HEIGHT_SPAN.finditer(text):
-        unit = next(u for u, words in _HEIGHT_UNITS.items() if re.fullmatch(words, m.group(2)))
+    for m in _unit_span(tuple(units.values())).finditer(text):
+        unit = next(u for u, words in units.items() if re.fullmatch(words, m.group(2)))
         out.setdefault(unit, set()).add(_number(m.group(1)))
-    for m in _FLIGHT_LEVEL_SPAN.finditer(text):
-        out.setdefault("FL", set()).add(_number(m.group(1)))
-    return {u: sorted(v for v in vs if v <= _HEIGHT["maximum"]) for u, vs in out.items()}
+    return {u: sorted(vs) for u, vs in out.items()}
+
+
+@cache
+def _unit_span(spellings: tuple[str, ...]) -> re.Pattern:
+    return re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d*\.?\d+) ?(" + "|".join(spellings)
+                      + r")(?![A-Za-z])")
 
 
 def _number(written: str) -> float | int:
@@ -332,8 +332,10 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     params = copy.deepcopy(strict)
     props = params["properties"]
     props["centre"] = {"enum": centres}
-    # a radius is a number written with its unit (`10NM`); any number when none is written so
-    radii = radius_candidates(_blank(text, centres))
+    # a radius or a limit is a number written with its unit (`10NM`, `500FT`); any number when
+    # the message writes none that way
+    without_centres = _blank(text, centres)
+    radii = radius_candidates(without_centres)
     for branch in props["radius"]["anyOf"]:
         value = branch["properties"]["value"]
         unit = branch["properties"]["unit"]["const"]
@@ -344,7 +346,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
                                 if b["properties"]["value"]["enum"]]
     if not props["radius"]["anyOf"]:
         return None
-    props["lower"] = _grounded_limit(numbers, height_candidates(_blank(text, centres)))
+    props["lower"] = _grounded_limit(numbers, height_candidates(without_centres))
     props["upper"] = copy.deepcopy(props["lower"])
     props["start"] = props["end"] = _time_choice([*times, None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
@@ -389,11 +391,11 @@ def _time_choice(values: list[str | None]) -> dict:
 def _ordered_times(times: list[str]) -> list[tuple[list[str | None], list[str | None]]]:
     """(starts, ends) groups: every end a group allows is after every start in it (or unknown:
     a missing start or end, or a time `parse_time` cannot place, goes with anything)."""
+    when = {None: None} | {t: parse_time(t) for t in times}
     groups: dict[tuple, list[str | None]] = {}
-    for start in [None, *times]:
-        t0 = parse_time(start)
-        ends = tuple(e for e in [*times, None]
-                     if t0 is None or e is None or parse_time(e) is None or parse_time(e) > t0)
+    for start in when:
+        t0 = when[start]
+        ends = tuple(e for e in [*times, None] if t0 is None or when[e] is None or when[e] > t0)
         groups.setdefault(ends, []).append(start)
     return [(starts, list(ends)) for ends, starts in groups.items()]
 
