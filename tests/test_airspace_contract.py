@@ -1,6 +1,8 @@
 """The strict tool schemas: every gold call matches them, and nothing that matches them is
 rejected by the scorer's parsers (so a grammar built from them makes every call valid)."""
 
+import json
+
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,16 +13,19 @@ from clover.engine import LLM, SamplingParams
 from clover.grammar import compile_matcher
 from clover.model import build_model
 from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
+from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.contract import (
     COORDINATES,
     TIME,
     grounded_constraint,
     grounded_tools,
     height_candidates,
+    height_mentions,
     place_names,
     radius_candidates,
     strict_tools,
     time_candidates,
+    turn_slots,
 )
 from clover.tasks.airspace.normalise import parse_centre, parse_time
 from clover.tasks.airspace.places import SPLITS
@@ -153,6 +158,73 @@ def test_every_gold_call_matches_its_grounded_schemas(split):
     assert checked > 250
 
 
+def _turn_accepts(tok, conversation: list[dict], text: str) -> bool:
+    m = compile_matcher(grounded_constraint(conversation), tok, len(tok), tok.eos_token_id)
+    ids = tok.encode(text, add_special_tokens=False)
+    return m.accept(ids) == len(ids) and m.is_accepting()
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_every_gold_turn_is_in_its_turn_grammar(tiny_llm, split):
+    """The turn grammar (`grounded_constraint`: the last user message's centres in the order
+    written, each once) accepts every gold assistant turn of every split, history or not."""
+    examples = generate_examples(split, 400, seed=13)
+    examples = [e for e in examples if e.history][:20] + examples[:40]
+    assert len(examples) > 50
+    for e in examples:
+        text = assistant_text(e.calls)
+        assert _turn_accepts(tiny_llm.tokenizer, initial_conversation(e), text), (e.id, text)
+
+
+def test_turn_grammar_takes_each_written_centre_once_in_order(tiny_llm):
+    """Two zones of one message: in the order written, each once; a zone of an earlier turn's
+    message is refused; after a turn's first call (before the tool results) only the later
+    centre is left."""
+    tok = tiny_llm.tokenizer
+    first = ("(A0001/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 5NM RADIUS "
+             "OF 5130N 00030W.\nF) SFC G) 400FT AGL)")
+    second = ("!FDC 5/5151 ZDC NC..AIRSPACE HATTERAS, NC..TEMPORARY FLIGHT RESTRICTIONS "
+              "2501171400-2501171600. WI AN AREA DEFINED AS 3NM RADIUS OF 351531N0752645W "
+              "SFC-17999FT MSL, AND WI AN AREA DEFINED AS 30NM RADIUS OF 352000N0750000W "
+              "SFC-17999FT MSL.")
+    assert [s["properties"]["centre"]["const"] for _, s in turn_slots(second)] == [
+        "351531N0752645W", "352000N0750000W"]
+
+    def zone(centre, radius):
+        return format_call({"name": "set_no_fly_zone", "arguments": {
+            "zone_id": "Z1", "centre": centre, "radius": {"value": radius, "unit": "NM"},
+            "start": "2501171400", "end": "2501171600"}})
+
+    near, far = zone("351531N0752645W", 3), zone("352000N0750000W", 30)
+    old = zone("5130N 00030W", 5).replace("2501171400", "2502140400").replace(
+        "2501171600", "2502141030")
+    turn = [{"role": "user", "content": first}, {"role": "assistant", "content": old},
+            {"role": "user", "content": second}]
+    for ok in (near, far, f"{near}\n{far}"):
+        assert _turn_accepts(tok, turn, ok), ok
+    for bad in (f"{far}\n{near}", f"{near}\n{near}", old, zone("351531N0752645W", 5)):
+        assert not _turn_accepts(tok, turn, bad), bad
+    assert _turn_accepts(tok, turn[:1], old)
+    called = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "set_no_fly_zone", "arguments": json.loads(near[11:-12])["arguments"]}}]}
+    after = [*turn, called, {"role": "tool", "content": "{\"ok\": true}"}]
+    assert _turn_accepts(tok, after, far) and not _turn_accepts(tok, after, near)
+
+
+def test_turn_grammar_clears_only_the_id_a_message_cancels(tiny_llm):
+    tok = tiny_llm.tokenizer
+    text = ("B8359/25 NOTAMC B8336/25\nQ) LIMM/QRRXX/IV/BO/W/000/040/4530N00910E005\n"
+            "A) LIMM B) 2506011200\nE) REF NOTAM B8336/25 CANCELLED.")
+    turn = [{"role": "user", "content": text}]
+
+    def clear(zone_id):
+        return format_call({"name": "clear_zone", "arguments": {"zone_id": zone_id}})
+
+    assert _turn_accepts(tok, turn, clear("B8336/25"))
+    for bad in (clear("B8359/25"), clear("A0001/25"), f'{clear("B8336/25")}\n{clear("B8336/25")}'):
+        assert not _turn_accepts(tok, turn, bad), bad
+
+
 def test_grounded_schemas_reject_values_the_message_does_not_write():
     text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
             "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
@@ -226,6 +298,30 @@ def test_height_candidates_pair_each_number_with_its_unit():
     assert height_candidates("up to 150 m above ground level; 真高300米以下; 600M AMSL") == {
         "M": [150, 300, 600]}
     assert height_candidates("WI 10NM RADIUS 2507220730") == {}
+    # a number written as a radius is not a height
+    assert height_candidates("以北纬39°06′58″为圆心，半径100米范围内真高1000米以下空域") == {
+        "M": [1000]}
+    assert height_candidates("WI 250M RADIUS; RADIUS 2000MTR; within 300 m of; SFC-400FT AGL") \
+        == {"FT": [400]}
+
+
+def test_height_mentions_read_the_reference_from_the_words():
+    assert height_mentions("SFC-3000FT MSL; 500 ft above ground level; 真高120米以下; FL095; "
+                           "1,200 feet; 600M AMSL") == [
+        ("FT", 3000, "AMSL"), ("FT", 500, "AGL"), ("M", 120, "AGL"), ("FT", 1200, None),
+        ("M", 600, "AMSL"), ("FL", 95, "STD")]
+    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+            "12212.1E RADIUS 10NM.\nF) 500FT AGL G) 3000FT AMSL")
+    good = {**GOOD, "start": "2502140400", "end": "2502141030",
+            "lower": {"value": 500, "unit": "FT", "ref": "AGL"},
+            "upper": {"value": 3000, "unit": "FT", "ref": "AMSL"}}
+    check = _grounded_validator([text])
+    check.validate(good)
+    check.validate({**good, "lower": {"value": 0, "unit": "FT", "ref": "SFC"}})
+    for key, value in [("upper", {"value": 3000, "unit": "FT", "ref": "AGL"}),
+                       ("lower", {"value": 500, "unit": "FT", "ref": "AMSL"})]:
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate({**good, key: value})
 
 
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():
@@ -252,7 +348,7 @@ def test_random_weights_under_the_grounded_grammar_copy_only_the_messages_values
     closed = 0
     for e in examples:
         conversation = [{"role": "user", "content": e.text}]
-        tools = grounded_constraint(conversation)["tools"]  # the zone tool only: random weights
+        tools = grounded_tools([e.text])  # the zone tool only: random weights
         structured = {"tools": tools[:1], "tool_choice": "required"}  # pick clear_zone else
         prompt = render_chat(tiny_llm.tokenizer, conversation, add_generation_prompt=True)
         out = tiny_llm.generate([prompt], SamplingParams(tau=0.5, max_tokens=320,

@@ -13,6 +13,7 @@ from test_grammar import EOS, PROMPTS, VOCAB, corpus, ids_of, tiny_llm
 
 from clover.engine import SamplingParams
 from clover.grammar import compile_matcher, tool_call_lark
+from clover.grammar.tools import ordered_calls_lark
 from clover.tasks.airspace import NO_ZONE_REPLY, TOOLS, assistant_text, generate_examples
 from clover.tokenizer import parse_tool_calls, train_tokenizer
 
@@ -149,3 +150,30 @@ def test_parallel_tool_calls_false_allows_one_call_at_most(tok):
         compile_matcher({**one, "parallel_tool_calls": "no"}, tok, VOCAB, EOS)
     with pytest.raises(ValueError, match="only goes with"):
         compile_matcher({"regex": "a", "parallel_tool_calls": False}, tok, VOCAB, EOS)
+
+
+def _zone(zone_id: str) -> dict:
+    return {**SCHEMAS["set_zone"], "properties": {**SCHEMAS["set_zone"]["properties"],
+                                                  "zone_id": {"const": zone_id}}}
+
+
+def test_ordered_calls_take_each_slot_once_in_order(tok):
+    """Slots are called in order, each at most once, any skipped; the free tool goes anywhere."""
+    lark = {"lark": ordered_calls_lark([("set_zone", _zone("A")), ("set_zone", _zone("B"))],
+                                       {"clear_zone": SCHEMAS["clear_zone"]})}
+
+    def call(name, zone_id):
+        args = {"zone_id": zone_id, "radius": 5} if name == "set_zone" else {"zone_id": zone_id}
+        return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
+
+    a, b, c = call("set_zone", "A"), call("set_zone", "B"), call("clear_zone", "X")
+    for ok in (a, b, f"{a}\n{b}", c, f"{c}\n{a}\n{c}\n{c}\n{b}\n{c}", "No zone.",
+               f"Setting.\n{a}"):
+        assert accepts(tok, lark, ok), ok
+    for bad in (f"{b}\n{a}", f"{a}\n{a}", f"{b}\n{c}\n{b}", call("set_zone", "C"),
+                a.replace('"radius": 5', '"radius": 500'), f"{a}\n"):
+        assert not accepts(tok, lark, bad), bad
+    only = {"lark": ordered_calls_lark([("set_zone", _zone("A"))])}
+    assert accepts(tok, only, a) and not accepts(tok, only, c)
+    assert accepts(tok, {"lark": ordered_calls_lark([])}, "No zone.")
+    assert not accepts(tok, {"lark": ordered_calls_lark([])}, a)

@@ -77,6 +77,45 @@ def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | N
     return "\n".join(lines + [f"TEXT: {_TEXT}"])
 
 
+def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] | None = None
+                       ) -> str:  # fmt: skip
+    """Lark source for an assistant turn (text, or text then calls; tool_choice "auto") whose
+    calls follow `slots` in order: each slot, a (function name, parameters schema) pair, is
+    called at most once and any may be skipped; the tools of `anywhere` ({name: parameters})
+    may be called between them, any number of times (with neither, the turn is text only).
+    The `<tool_call>` tags are named as special tokens (Clover's tokenizers have them)."""
+    anywhere = anywhere or {}
+    if not slots and not anywhere:
+        return f"start: TEXT\nTEXT: {_TEXT}"
+    tag = f"{TOOL_CALL_OPEN} {{}} {TOOL_CALL_CLOSE}"
+    rules, bodies = [], {}
+
+    def body(name: str, parameters: dict) -> str:
+        source = json.dumps(call_schema(name, parameters), ensure_ascii=False)
+        if source not in bodies:
+            bodies[source] = f"body_{len(bodies)}"
+            rules.append(f"{bodies[source]}: %json {source}")
+        return bodies[source]
+
+    free = " | ".join(body(n, p) for n, p in anywhere.items())
+    k = len(slots)
+    # from_j: the calls from slot j on (the free tools' calls allowed before each slot)
+    lines = ["start: TEXT | TEXT? from_0"]
+    if anywhere:
+        lines.append(f"free: {tag.format('(' + free + ')')}")
+    for j, (name, parameters) in enumerate(slots):
+        options = ([f'free "\\n" from_{j}'] if anywhere else [])
+        call = tag.format(body(name, parameters))
+        if j + 1 < k or anywhere:  # more may follow: skip this slot, or call it and go on
+            options += [f'{call} ("\\n" from_{j + 1})?', f"from_{j + 1}"]
+        else:
+            options.append(call)
+        lines.append(f"from_{j}: " + " | ".join(options))
+    if anywhere:
+        lines.append(f'from_{k}: free ("\\n" free)*')
+    return "\n".join(lines + rules + [f"TEXT: {_TEXT}"])
+
+
 def call_schema(name: str, parameters: dict) -> dict:
     """The JSON Schema of one call's body, in format_tool_call's key order."""
     return {"type": "object",

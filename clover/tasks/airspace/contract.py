@@ -24,10 +24,12 @@ Not enforced (the scorer does not need them): that a zone id looks like a NOTAM 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from functools import cache
 from typing import Any
 
+from clover.grammar.tools import ordered_calls_lark
 from clover.tasks.airspace.normalise import (
     LENGTH_UNITS,
     MAX_RADIUS_M,
@@ -36,6 +38,8 @@ from clover.tasks.airspace.normalise import (
     parse_time,
 )
 from clover.tasks.airspace.tools import TOOLS
+
+ZONE_TOOL, CLEAR_TOOL = (t["function"]["name"] for t in TOOLS)
 
 # ---- coordinates ---------------------------------------------------------------------------------
 # Regex pieces (JSON Schema `pattern` dialect: no lookaround, no backreferences).
@@ -198,6 +202,13 @@ _RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
                  "KM": r"KM|km|kilometres?|kilometers?|公里|千米", "M": _METRES}
 _HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": _METRES}
 _FLIGHT_LEVEL_SPAN = re.compile(r"\bFL ?(\d{1,3})\b")
+# a number written as a radius is not a height; a height's reference written after it
+_RADIUS_BEFORE = re.compile(r"(半径|RADIUS ?|\bWI ?|\bwithin ?)$")
+_RADIUS_AFTER = re.compile(r" ?RADIUS\b")
+_REFS = {"AGL": "AGL", "above ground level": "AGL", "AMSL": "AMSL", "MSL": "AMSL",
+         "above mean sea level": "AMSL"}
+_REF_AFTER = re.compile(r" ?(" + "|".join(_REFS) + r")\b")
+_CANCEL_SPAN = re.compile(r"\b(?:NOTAMC|CNL|CANCEL(?:S|LED)?) +([A-Z]\d{4}/\d{2})\b")
 
 
 def _spans(pattern: re.Pattern, text: str, longest: int = 64) -> set[str]:
@@ -258,10 +269,29 @@ def radius_candidates(text: str) -> dict[str, list[float | int]]:
 def height_candidates(text: str) -> dict[str, list[float | int]]:
     """Numbers `text` writes as heights, by unit: with feet or metres right after them
     (`500FT`, `1200 feet`, `150 m`, `真高300米`) or after a flight level (`FL125`, `FL 095`);
-    empty when it writes none."""
-    levels = {_number(m.group(1)) for m in _FLIGHT_LEVEL_SPAN.finditer(text)}
-    out = _with_units(text, _HEIGHT_UNITS) | ({"FL": sorted(levels)} if levels else {})
-    return {u: [v for v in vs if v <= _HEIGHT["maximum"]] for u, vs in out.items()}
+    not a radius (`半径100米`, `RADIUS 2000MTR`, `250M RADIUS`, `within 300 m`); empty when it
+    writes none."""
+    out: dict[str, set] = {}
+    for unit, value, _ in height_mentions(text):
+        out.setdefault(unit, set()).add(value)
+    return {u: sorted(vs) for u, vs in out.items()}
+
+
+def height_mentions(text: str) -> list[tuple[str, float | int, str | None]]:
+    """(unit, value, reference) of each height `text` writes (see `height_candidates`); the
+    reference is the one its words give (`AGL` / `above ground level` after it or `真高` before
+    it: AGL; `AMSL` / `MSL` / `above mean sea level`: AMSL; a flight level: STD), else None."""
+    out = []
+    for m in _unit_span(tuple(_HEIGHT_UNITS.values())).finditer(text):
+        before, after = text[max(0, m.start() - 8):m.start()], text[m.end():m.end() + 24]
+        if _RADIUS_BEFORE.search(before) or _RADIUS_AFTER.match(after):
+            continue
+        unit = next(u for u, words in _HEIGHT_UNITS.items() if re.fullmatch(words, m.group(2)))
+        ref = _REF_AFTER.match(after)
+        ref = _REFS[ref.group(1)] if ref else "AGL" if before.endswith("真高") else None
+        out.append((unit, _number(m.group(1)), ref))
+    out += [("FL", _number(m.group(1)), "STD") for m in _FLIGHT_LEVEL_SPAN.finditer(text)]
+    return [(u, v, r) for u, v, r in out if v <= _HEIGHT["maximum"]]
 
 
 def _with_units(text: str, units: dict[str, str]) -> dict[str, list[float | int]]:
@@ -346,7 +376,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
                                 if b["properties"]["value"]["enum"]]
     if not props["radius"]["anyOf"]:
         return None
-    props["lower"] = _grounded_limit(numbers, height_candidates(without_centres))
+    props["lower"] = _grounded_limit(numbers, height_mentions(without_centres))
     props["upper"] = copy.deepcopy(props["lower"])
     props["start"] = props["end"] = _time_choice([*times, None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
@@ -361,20 +391,30 @@ def _blank(text: str, spans: list[str]) -> str:
     return text
 
 
-def _grounded_limit(numbers: list, written: dict[str, list]) -> dict:
+def _grounded_limit(numbers: list, written: list[tuple[str, float | int, str | None]]) -> dict:
     """`_LIMIT` with each unit's value one of the heights written with that unit (0 always, for
-    SFC / GND); any number in FT or M, and any FL, when the message writes no height that way."""
+    SFC / GND), and each height's reference the one its words give (any when they give none);
+    any number in FT or M, and any FL, when the message writes no height that way."""
     anywhere = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
     limit = copy.deepcopy(_LIMIT)
     feet_or_metres, flight_level, unlimited = limit["anyOf"]
+    any_ref = feet_or_metres["properties"]["ref"]["enum"]
     branches = []
     for unit in ("FT", "M"):
-        branch = copy.deepcopy(feet_or_metres)
-        values = sorted({0, *written.get(unit, [])}) if written else anywhere
-        branch["properties"]["value"] = {"enum": values}
-        branch["properties"]["unit"] = {"const": unit}
-        branches.append(branch)
-    levels = written.get("FL", []) if written else anywhere
+        refs: dict[float | int, set[str]] = {0: set(any_ref)}
+        for u, value, ref in written if written else [(unit, v, None) for v in anywhere]:
+            if u == unit:
+                refs.setdefault(value, set()).update([ref] if ref else any_ref)
+        by_refs: dict[tuple, list] = {}
+        for value, allowed in sorted(refs.items()):
+            by_refs.setdefault(tuple(r for r in any_ref if r in allowed), []).append(value)
+        for allowed, values in by_refs.items():
+            branch = copy.deepcopy(feet_or_metres)
+            branch["properties"]["value"] = {"enum": values}
+            branch["properties"]["unit"] = {"const": unit}
+            branch["properties"]["ref"] = {"enum": list(allowed)}
+            branches.append(branch)
+    levels = sorted({v for u, v, _ in written if u == "FL"}) if written else anywhere
     if levels:
         flight_level["properties"]["value"] = {"enum": levels}
         branches.append(flight_level)
@@ -401,9 +441,65 @@ def _ordered_times(times: list[str]) -> list[tuple[list[str | None], list[str | 
 
 
 def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
-    """`tool_constraint` grounded in a conversation's user messages (for `run_agent`)."""
-    return tool_constraint([m["content"] for m in conversation
-                            if m.get("role") == "user" and isinstance(m.get("content"), str)])
+    """`SamplingParams.structured` for the next assistant turn of `conversation` (for
+    `run_agent`): the turn answers the last user message only (earlier ones were answered in
+    their own turns), and its calls follow that message in the order it writes things
+    (`turn_slots`): a zone per centre written, a clear per cancelled id written, each at most
+    once. The calls this turn already made (before their tool results) used up their slots."""
+    last = max((i for i, m in enumerate(conversation) if m.get("role") == "user"), default=None)
+    text = conversation[last].get("content") if last is not None else None
+    if not isinstance(text, str):
+        return tool_constraint()
+    slots = turn_slots(text)
+    done = 0
+    for call in _calls(conversation[last + 1:]):
+        done = next((i + 1 for i in range(done, len(slots)) if _fills(slots[i], call)), done)
+    return {"lark": ordered_calls_lark(slots[done:])}
+
+
+def turn_slots(text: str) -> list[tuple[str, dict]]:
+    """The calls `text` allows, in the order it writes them, as (tool name, parameters) slots:
+    the zone tool's grounded parameters (`grounded_tools`'s branch for its message) once per
+    centre written, with that centre fixed (a centre written twice gives two slots), and
+    clear_zone once per id a message cancels (written after NOTAMC, CNL or CANCEL)."""
+    strict = strict_tools()
+    zone, clear = (t["function"]["parameters"] for t in strict)
+    slots = []
+    for message in split_messages(text):
+        params = _grounded_zone_params(zone, message)
+        centres = params["properties"]["centre"]["enum"] if params is not None else []
+        where = [(m.start(), -len(c), ZONE_TOOL, "centre", c, params) for c in centres
+                 for m in re.finditer(re.escape(c), message)]
+        where += [(m.start(1), 0, CLEAR_TOOL, "zone_id", m.group(1), clear)
+                  for m in _CANCEL_SPAN.finditer(message)]
+        for *_, name, key, value, base in sorted(where, key=lambda w: w[:2]):
+            slot = copy.deepcopy(base)
+            slot["properties"][key] = {"const": value}
+            slots.append((name, slot))
+    return slots
+
+
+def _fills(slot: tuple[str, dict], call: dict) -> bool:
+    name, params = slot
+    key = "centre" if name == ZONE_TOOL else "zone_id"
+    return call["name"] == name and call["arguments"].get(key) == params["properties"][key][
+        "const"]
+
+
+def _calls(messages: list[dict]) -> list[dict]:
+    """{"name", "arguments"} of the tool calls in `messages` (assistant turns), in order."""
+    out = []
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else {}
+            args = fn.get("arguments")
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except ValueError:
+                continue
+            if isinstance(args, dict):
+                out.append({"name": fn.get("name"), "arguments": args})
+    return out
 
 
 def tool_constraint(texts: list[str] | None = None) -> dict[str, Any]:
