@@ -268,19 +268,25 @@ def test_grounded_zone_values_come_from_one_message():
 
 
 def test_grounded_zone_ends_after_it_starts():
-    """A grounded zone may not end at or before its start; a missing start or end goes with
-    any time."""
+    """A grounded zone ends after it starts, in time and in the text; it has no end only when
+    its message writes one time; a missing start goes with any end."""
     text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
             "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
     good = {**GOOD, "start": "2502140400", "end": "2502141030"}
     check = _grounded_validator([text])
-    for start, end in [("2502140400", "2502141030"), (None, "2502140400"),
-                       ("2502141030", None), (None, None)]:
+    for start, end in [("2502140400", "2502141030"), (None, "2502140400"), (None, None)]:
         check.validate({**good, "start": start, "end": end})
     for start, end in [("2502140400", "2502140400"), ("2502141030", "2502140400"),
-                       ("2502141030", "2502141030")]:
+                       ("2502141030", "2502141030"), ("2502141030", None),
+                       ("2502140400", None)]:
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, "start": start, "end": end})
+    one = _grounded_validator([text.replace(" C) 2502141030", "")])
+    one.validate({**good, "end": None})
+    backwards = _grounded_validator([text.replace("B) 2502140400 C) 2502141030",
+                                                  "C) 2502141030 B) 2502140400")])
+    with pytest.raises(jsonschema.ValidationError):
+        backwards.validate(good)
 
 
 def test_radius_candidates_pair_each_number_with_the_unit_written_after_it():

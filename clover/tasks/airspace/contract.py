@@ -238,20 +238,27 @@ def centre_candidates(text: str) -> list[str]:
 def time_candidates(text: str) -> list[str]:
     """Time spans written in `text`; each Chinese end completed with a start's date; each English
     local time with an offset the text states (`local time (UTC+01:00)`)."""
-    spans = _spans(_TIME_SPAN, text)
+    return sorted(time_positions(text))
+
+
+def time_positions(text: str) -> dict[str, int]:
+    """`time_candidates` -> where `text` first writes each (a completed Chinese end or a local
+    time with its offset: where its written part is)."""
+    spans = {span: text.find(span) for span in _spans(_TIME_SPAN, text)}
     for full in _CN_FULL_SPAN.finditer(text):
         year, month, day = (int(g) for g in full.groups())
         for part in _CN_PART_SPAN.finditer(text, full.end()):
             p = part.group(0)
             if part.group(1) is None:
-                spans.add(f"{year}年{month}月{day}日{p}")
+                spans.setdefault(f"{year}年{month}月{day}日{p}", part.start())
             else:
                 later = int(part.group(1)) < month  # December to January: the next year
-                spans.add(f"{year + later}年{p}")
+                spans.setdefault(f"{year + later}年{p}", part.start())
     offsets = set(_UTC_OFFSET.findall(text))
     for local in _EN_LOCAL_SPAN.finditer(text):
-        spans |= {f"{local.group(0)} UTC{off}" for off in offsets}
-    return sorted(s for s in spans if _TIME_SPAN.fullmatch(s))
+        for off in offsets:
+            spans.setdefault(f"{local.group(0)} UTC{off}", local.start())
+    return {s: pos for s, pos in spans.items() if _TIME_SPAN.fullmatch(s)}
 
 
 def number_candidates(text: str) -> list[float | int]:
@@ -354,7 +361,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     """The zone tool's strict parameters narrowed to the values `text` writes, with an `anyOf`
     whose branches each pair some starts with the ends after them; None when it writes no
     centre or no radius."""
-    centres, times = centre_candidates(text), time_candidates(text)
+    centres, times = centre_candidates(text), time_positions(text)
     if not centres:
         return None
     # a radius or a limit is a number of its own, not digits of a coordinate or a time
@@ -378,7 +385,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
         return None
     props["lower"] = _grounded_limit(numbers, height_mentions(without_centres))
     props["upper"] = copy.deepcopy(props["lower"])
-    props["start"] = props["end"] = _time_choice([*times, None])
+    props["start"] = props["end"] = _time_choice([*sorted(times), None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
                        for starts, ends in _ordered_times(times)]
     return params
@@ -428,16 +435,22 @@ def _time_choice(values: list[str | None]) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _ordered_times(times: list[str]) -> list[tuple[list[str | None], list[str | None]]]:
-    """(starts, ends) groups: every end a group allows is after every start in it (or unknown:
-    a missing start or end, or a time `parse_time` cannot place, goes with anything)."""
-    when = {None: None} | {t: parse_time(t) for t in times}
+def _ordered_times(times: dict[str, int]) -> list[tuple[list[str | None], list[str | None]]]:
+    """(starts, ends) groups for a message's times ({time: where it is written}): every end a
+    group allows is written after every start in it and is later (a time `parse_time` cannot
+    place is taken as later); a missing end only when the message writes one time; a missing
+    start goes with anything."""
+    when = {t: parse_time(t) for t in times}
     groups: dict[tuple, list[str | None]] = {}
-    for start in when:
-        t0 = when[start]
-        ends = tuple(e for e in [*times, None] if t0 is None or when[e] is None or when[e] > t0)
+    for start in [*times, None]:
+        if start is None:
+            ends = (*times, None)
+        else:
+            ends = tuple(e for e in times if times[e] > times[start] and (
+                when[start] is None or when[e] is None or when[e] > when[start]))
+            ends += (None,) if len(times) == 1 else ()
         groups.setdefault(ends, []).append(start)
-    return [(starts, list(ends)) for ends, starts in groups.items()]
+    return [(starts, list(ends)) for ends, starts in groups.items() if ends]
 
 
 def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
