@@ -211,6 +211,37 @@ def test_turn_grammar_takes_each_written_centre_once_in_order(tiny_llm):
     assert _turn_accepts(tok, after, far) and not _turn_accepts(tok, after, near)
 
 
+def test_a_listed_zone_takes_the_radius_and_limits_of_its_own_item():
+    """In a message listing several zones (lines, `；`-clauses, `, AND`), a zone's radius is the
+    one written in its own item, and its limits are written in its item or outside all items."""
+    def slot(text, centre):
+        props = next(s["properties"] for _, s in turn_slots(text)
+                     if s["properties"]["centre"]["const"] == centre)
+        radii = {(b["properties"]["unit"]["const"], v) for b in props["radius"]["anyOf"]
+                 for v in b["properties"]["value"]["enum"]}
+        uppers = {(b["properties"]["unit"].get("const"), v) for b in props["upper"]["anyOf"]
+                  for v in b["properties"].get("value", {}).get("enum", [None])}
+        return radii, uppers
+
+    notam = ("B2641/26 NOTAMN\nA) CYBC B) 2602111600 C) 2602161600\nE) UAS OPS WI FLW AREAS:\n"
+             "1. 3KM RADIUS 491218N 0675403W\n2. 200M RADIUS 490939N 0675149W\n"
+             "F) SFC G) 1500FT AMSL")
+    assert slot(notam, "491218N 0675403W") == ({("KM", 3)}, {("FT", 0), ("FT", 1500), ("M", 0),
+                                                             ("UNL", None)})
+    assert slot(notam, "490939N 0675149W")[0] == {("M", 200)}
+    cn = ("管控时间：2025年12月25日6时至2025年12月26日24时。\n管控区域：（一）以北纬38°57′27″、东经"
+          "117°11′05″为中心，半径2.5公里范围内真高120米以下空域；（二）以北纬39°04′25″、东经117°16′01″"
+          "为中心，半径1500米范围内空域。")
+    one, two = "北纬38°57′27″、东经117°11′05″", "北纬39°04′25″、东经117°16′01″"
+    assert slot(cn, one) == ({("KM", 2.5)}, {("FT", 0), ("M", 0), ("M", 120), ("UNL", None)})
+    assert slot(cn, two) == ({("M", 1500)}, {("FT", 0), ("M", 0), ("UNL", None)})
+    fdc = ("WI AN AREA DEFINED AS 3NM RADIUS OF 351531N0752645W SFC-17999FT MSL, AND WI AN AREA "
+           "DEFINED AS 30NM RADIUS OF 351531N0752645W SFC-17999FT MSL. 2501171400-2501171600")
+    assert [{(b["properties"]["unit"]["const"], v) for b in p["properties"]["radius"]["anyOf"]
+             for v in b["properties"]["value"]["enum"]} for _, p in turn_slots(fdc)] == [
+        {("NM", 3)}, {("NM", 30)}]
+
+
 def test_turn_grammar_clears_only_the_id_a_message_cancels(tiny_llm):
     tok = tiny_llm.tokenizer
     text = ("B8359/25 NOTAMC B8336/25\nQ) LIMM/QRRXX/IV/BO/W/000/040/4530N00910E005\n"
@@ -294,7 +325,10 @@ def test_radius_candidates_pair_each_number_with_the_unit_written_after_it():
         "NM": [3, 9.6, 10]}
     assert radius_candidates("within 0.25 nautical miles of; Radius: 2 km; 2000MTR") == {
         "NM": [0.25], "KM": [2], "M": [2000]}
-    assert radius_candidates("半径1.5公里范围内真高300米以下") == {"KM": [1.5], "M": [300]}
+    # a number written as a height is not a radius
+    assert radius_candidates("半径1.5公里范围内真高300米以下") == {"KM": [1.5]}
+    assert radius_candidates("Radius: 300 m; up to 150 m AGL, 200 m above mean sea level") == {
+        "M": [300]}
     assert radius_candidates("FL095 2507220730") == {}
 
 

@@ -208,6 +208,8 @@ _RADIUS_AFTER = re.compile(r" ?RADIUS\b")
 _REFS = {"AGL": "AGL", "above ground level": "AGL", "AMSL": "AMSL", "MSL": "AMSL",
          "above mean sea level": "AMSL"}
 _REF_AFTER = re.compile(r" ?(" + "|".join(_REFS) + r")\b")
+_HEIGHT_BEFORE = "真高"  # "true height": above ground level
+_ITEM_BREAK = re.compile(r"\n|；|;|, AND ")  # between the items of a list of zones
 _CANCEL_SPAN = re.compile(r"\b(?:NOTAMC|CNL|CANCEL(?:S|LED)?) +([A-Z]\d{4}/\d{2})\b")
 
 
@@ -269,8 +271,15 @@ def number_candidates(text: str) -> list[float | int]:
 
 def radius_candidates(text: str) -> dict[str, list[float | int]]:
     """Numbers `text` writes with a length unit right after them (`10NM`, `2 km`, `300 metres`,
-    `半径1.5公里`), by the contract's radius unit; empty when it writes none."""
-    return _with_units(text, _RADIUS_UNITS)
+    `半径1.5公里`), by the contract's radius unit, not a height (`真高300米`, `150 m AGL`);
+    empty when it writes none."""
+    out: dict[str, set] = {}
+    for m in _unit_span(tuple(_RADIUS_UNITS.values())).finditer(text):
+        if text[:m.start()].endswith(_HEIGHT_BEFORE) or _REF_AFTER.match(text, m.end()):
+            continue
+        unit = next(u for u, words in _RADIUS_UNITS.items() if re.fullmatch(words, m.group(2)))
+        out.setdefault(unit, set()).add(_number(m.group(1)))
+    return {u: sorted(vs) for u, vs in out.items()}
 
 
 def height_candidates(text: str) -> dict[str, list[float | int]]:
@@ -295,20 +304,10 @@ def height_mentions(text: str) -> list[tuple[str, float | int, str | None]]:
             continue
         unit = next(u for u, words in _HEIGHT_UNITS.items() if re.fullmatch(words, m.group(2)))
         ref = _REF_AFTER.match(after)
-        ref = _REFS[ref.group(1)] if ref else "AGL" if before.endswith("真高") else None
+        ref = _REFS[ref.group(1)] if ref else "AGL" if before.endswith(_HEIGHT_BEFORE) else None
         out.append((unit, _number(m.group(1)), ref))
     out += [("FL", _number(m.group(1)), "STD") for m in _FLIGHT_LEVEL_SPAN.finditer(text)]
     return [(u, v, r) for u, v, r in out if v <= _HEIGHT["maximum"]]
-
-
-def _with_units(text: str, units: dict[str, str]) -> dict[str, list[float | int]]:
-    """{unit: sorted numbers} for each number in `text` with one of `units`' words right after it
-    (`units` maps a unit to a regex of its spellings)."""
-    out: dict[str, set] = {}
-    for m in _unit_span(tuple(units.values())).finditer(text):
-        unit = next(u for u, words in units.items() if re.fullmatch(words, m.group(2)))
-        out.setdefault(unit, set()).add(_number(m.group(1)))
-    return {u: sorted(vs) for u, vs in out.items()}
 
 
 @cache
@@ -485,11 +484,52 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
                  for m in re.finditer(re.escape(c), message)]
         where += [(m.start(1), 0, CLEAR_TOOL, "zone_id", m.group(1), clear)
                   for m in _CANCEL_SPAN.finditer(message)]
-        for *_, name, key, value, base in sorted(where, key=lambda w: w[:2]):
+        items = _items(message, [(w[0], w[0] - w[1]) for w in where if w[2] == ZONE_TOOL])
+        has_heights = bool(items) and bool(height_mentions(_blank(message, centres)))
+        for start, _, name, key, value, base in sorted(where, key=lambda w: w[:2]):
             slot = copy.deepcopy(base)
             slot["properties"][key] = {"const": value}
+            if name == ZONE_TOOL and start in items:
+                _narrow_to_item(slot, *items[start], centres, has_heights)
             slots.append((name, slot))
     return slots
+
+
+def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[str, str]]:
+    """{centre position: (its item, the text outside every item)} for a message that lists
+    several zones: an item is a line or a `;`-clause holding one centre (`1. 3KM RADIUS
+    491218N 0675403W`, `（二）以…为中心，半径1500米范围内空域`); none for a message with one."""
+    pieces, pos = [], 0
+    for m in [*_ITEM_BREAK.finditer(message), None]:
+        end = m.start() if m else len(message)
+        pieces.append((pos, end))
+        pos = m.end() if m else pos
+    holds = {p: sorted({a for a, _ in centres if p[0] <= a < p[1]
+                        and not any(b < a < e for b, e in centres)}) for p in pieces}
+    own = {p: at[0] for p, at in holds.items() if len(at) == 1}
+    if len(own) < 2:
+        return {}
+    outside = "".join(message[a:b] for a, b in pieces if not holds[(a, b)])
+    return {at: (message[a:b], outside) for (a, b), at in own.items()}
+
+
+def _narrow_to_item(slot: dict, item: str, outside: str, centres: list[str], has_heights: bool
+                    ) -> None:  # fmt: skip
+    """A listed zone's radius is one written in its own item (when the item writes one), and
+    its limits are heights written in its item or outside every item (when those write one)."""
+    props = slot["properties"]
+    item = _blank(item, centres)
+    radii = radius_candidates(item)
+    narrowed = [{**b, "properties": {**b["properties"], "value": {"enum": [
+        v for v in b["properties"]["value"]["enum"] if v in radii.get(
+            b["properties"]["unit"]["const"], [])]}}} for b in props["radius"]["anyOf"]]
+    narrowed = [b for b in narrowed if b["properties"]["value"]["enum"]]
+    if narrowed:
+        props["radius"] = {"anyOf": narrowed}
+    heights = height_mentions(item) + height_mentions(_blank(outside, centres))
+    if heights or has_heights:  # else the message writes none: leave its fallback
+        props["lower"] = _grounded_limit([], heights or [("FT", 0, None)])
+        props["upper"] = copy.deepcopy(props["lower"])
 
 
 def _fills(slot: tuple[str, dict], call: dict) -> bool:
