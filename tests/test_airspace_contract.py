@@ -226,20 +226,45 @@ def test_a_listed_zone_takes_the_radius_and_limits_of_its_own_item():
     notam = ("B2641/26 NOTAMN\nA) CYBC B) 2602111600 C) 2602161600\nE) UAS OPS WI FLW AREAS:\n"
              "1. 3KM RADIUS 491218N 0675403W\n2. 200M RADIUS 490939N 0675149W\n"
              "F) SFC G) 1500FT AMSL")
-    assert slot(notam, "491218N 0675403W") == ({("KM", 3)}, {("FT", 0), ("FT", 1500), ("M", 0),
-                                                             ("UNL", None)})
+    assert slot(notam, "491218N 0675403W") == ({("KM", 3)}, {("FT", 1500)})
     assert slot(notam, "490939N 0675149W")[0] == {("M", 200)}
     cn = ("管控时间：2025年12月25日6时至2025年12月26日24时。\n管控区域：（一）以北纬38°57′27″、东经"
           "117°11′05″为中心，半径2.5公里范围内真高120米以下空域；（二）以北纬39°04′25″、东经117°16′01″"
           "为中心，半径1500米范围内空域。")
     one, two = "北纬38°57′27″、东经117°11′05″", "北纬39°04′25″、东经117°16′01″"
-    assert slot(cn, one) == ({("KM", 2.5)}, {("FT", 0), ("M", 0), ("M", 120), ("UNL", None)})
-    assert slot(cn, two) == ({("M", 1500)}, {("FT", 0), ("M", 0), ("UNL", None)})
+    assert slot(cn, one) == ({("KM", 2.5)}, {("M", 120)})
+    assert slot(cn, two) == ({("M", 1500)}, {("UNL", None)})
     fdc = ("WI AN AREA DEFINED AS 3NM RADIUS OF 351531N0752645W SFC-17999FT MSL, AND WI AN AREA "
            "DEFINED AS 30NM RADIUS OF 351531N0752645W SFC-17999FT MSL. 2501171400-2501171600")
     assert [{(b["properties"]["unit"]["const"], v) for b in p["properties"]["radius"]["anyOf"]
              for v in b["properties"]["value"]["enum"]} for _, p in turn_slots(fdc)] == [
         {("NM", 3)}, {("NM", 30)}]
+
+
+def test_a_zone_reaches_up_to_the_last_height_written():
+    """The upper limit is the last height written (UNL when none is, or also when UNL is
+    written); the lower is SFC or a height written before it."""
+    def limits(lines):
+        text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+                f"12212.1E RADIUS 10NM.\n{lines}")
+        props = turn_slots(text)[-1][1]["properties"]
+        def refs(b):
+            ref = b["properties"].get("ref", {})
+            return tuple(ref["enum"]) if "enum" in ref else (ref["const"],) if ref else ()
+
+        return [{(b["properties"]["unit"].get("const"), v, refs(b)) for b in props[k]["anyOf"]
+                 for v in b["properties"].get("value", {}).get("enum", [None])}
+                for k in ("lower", "upper")]
+
+    sfc = {("FT", 0, ("SFC", "AMSL", "AGL")), ("M", 0, ("SFC", "AMSL", "AGL")), ("UNL", None, ())}
+    lower, upper = limits("F) 1000FT AMSL G) FL095")
+    assert upper == {("FL", 95, ("STD",))} and lower == sfc | {("FT", 1000, ("AMSL",))}
+    assert limits("F) SFC G) 400FT AGL") == [sfc, {("FT", 400, ("AGL",))}]
+    assert limits("F) SFC G) UNL") == [sfc, {("UNL", None, ())}]
+    assert limits("")[1] == {("UNL", None, ())}
+    lower, upper = limits("F) 1000FT AMSL G) UNL")
+    assert upper == {("FT", 1000, ("AMSL",)), ("UNL", None, ())}
+    assert ("FT", 1000, ("AMSL",)) in lower
 
 
 def test_turn_grammar_clears_only_the_id_a_message_cancels(tiny_llm):
@@ -348,8 +373,8 @@ def test_height_candidates_pair_each_number_with_its_unit():
 def test_height_mentions_read_the_reference_from_the_words():
     assert height_mentions("SFC-3000FT MSL; 500 ft above ground level; 真高120米以下; FL095; "
                            "1,200 feet; 600M AMSL") == [
-        ("FT", 3000, "AMSL"), ("FT", 500, "AGL"), ("M", 120, "AGL"), ("FT", 1200, None),
-        ("M", 600, "AMSL"), ("FL", 95, "STD")]
+        ("FT", 3000, "AMSL"), ("FT", 500, "AGL"), ("M", 120, "AGL"), ("FL", 95, "STD"),
+        ("FT", 1200, None), ("M", 600, "AMSL")]
     text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
             "12212.1E RADIUS 10NM.\nF) 500FT AGL G) 3000FT AMSL")
     good = {**GOOD, "start": "2502140400", "end": "2502141030",

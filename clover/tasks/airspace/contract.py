@@ -210,6 +210,7 @@ _REFS = {"AGL": "AGL", "above ground level": "AGL", "AMSL": "AMSL", "MSL": "AMSL
 _REF_AFTER = re.compile(r" ?(" + "|".join(_REFS) + r")\b")
 _HEIGHT_BEFORE = "真高"  # "true height": above ground level
 _ITEM_BREAK = re.compile(r"\n|；|;|, AND ")  # between the items of a list of zones
+_UNLIMITED = re.compile(r"\bUNL(?:IMITED)?\b|unlimited")
 _CANCEL_SPAN = re.compile(r"\b(?:NOTAMC|CNL|CANCEL(?:S|LED)?) +([A-Z]\d{4}/\d{2})\b")
 
 
@@ -294,9 +295,15 @@ def height_candidates(text: str) -> dict[str, list[float | int]]:
 
 
 def height_mentions(text: str) -> list[tuple[str, float | int, str | None]]:
-    """(unit, value, reference) of each height `text` writes (see `height_candidates`); the
-    reference is the one its words give (`AGL` / `above ground level` after it or `真高` before
-    it: AGL; `AMSL` / `MSL` / `above mean sea level`: AMSL; a flight level: STD), else None."""
+    """(unit, value, reference) of each height `text` writes (see `height_candidates`), in the
+    order written; the reference is the one its words give (`AGL` / `above ground level` after
+    it or `真高` before it: AGL; `AMSL` / `MSL` / `above mean sea level`: AMSL; a flight level:
+    STD), else None."""
+    return [(u, v, r) for _, u, v, r in _height_spans(text)]
+
+
+def _height_spans(text: str) -> list[tuple[int, str, float | int, str | None]]:
+    """`height_mentions` with where each is written: (position, unit, value, reference)."""
     out = []
     for m in _unit_span(tuple(_HEIGHT_UNITS.values())).finditer(text):
         before, after = text[max(0, m.start() - 8):m.start()], text[m.end():m.end() + 24]
@@ -305,9 +312,10 @@ def height_mentions(text: str) -> list[tuple[str, float | int, str | None]]:
         unit = next(u for u, words in _HEIGHT_UNITS.items() if re.fullmatch(words, m.group(2)))
         ref = _REF_AFTER.match(after)
         ref = _REFS[ref.group(1)] if ref else "AGL" if before.endswith(_HEIGHT_BEFORE) else None
-        out.append((unit, _number(m.group(1)), ref))
-    out += [("FL", _number(m.group(1)), "STD") for m in _FLIGHT_LEVEL_SPAN.finditer(text)]
-    return [(u, v, r) for u, v, r in out if v <= _HEIGHT["maximum"]]
+        out.append((m.start(), unit, _number(m.group(1)), ref))
+    out += [(m.start(), "FL", _number(m.group(1)), "STD")
+            for m in _FLIGHT_LEVEL_SPAN.finditer(text)]
+    return sorted(x for x in out if x[2] <= _HEIGHT["maximum"])
 
 
 @cache
@@ -391,9 +399,10 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
 
 
 def _blank(text: str, spans: list[str]) -> str:
-    """`text` with every occurrence of `spans` (longest first) replaced by a space."""
+    """`text` with every occurrence of `spans` (longest first) blanked out with spaces (so
+    positions in it are positions in `text`)."""
     for span in sorted(spans, key=len, reverse=True):
-        text = text.replace(span, " ")
+        text = text.replace(span, " " * len(span))
     return text
 
 
@@ -485,20 +494,29 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
         where += [(m.start(1), 0, CLEAR_TOOL, "zone_id", m.group(1), clear)
                   for m in _CANCEL_SPAN.finditer(message)]
         items = _items(message, [(w[0], w[0] - w[1]) for w in where if w[2] == ZONE_TOOL])
-        has_heights = bool(items) and bool(height_mentions(_blank(message, centres)))
+        blanked = _blank(message, centres)
+        heights, unlimited = _height_spans(blanked), bool(_UNLIMITED.search(blanked))
         for start, _, name, key, value, base in sorted(where, key=lambda w: w[:2]):
             slot = copy.deepcopy(base)
-            slot["properties"][key] = {"const": value}
-            if name == ZONE_TOOL and start in items:
-                _narrow_to_item(slot, *items[start], centres, has_heights)
+            props = slot["properties"]
+            props[key] = {"const": value}
+            if name == ZONE_TOOL:
+                item = items.get(start)
+                if item is not None:
+                    _narrow_radius(props, blanked[item[0]:item[1]])
+                # a listed zone's limits are written in its own item or outside every item
+                own = [h for h in heights if not items or (item and item[0] <= h[0] < item[1])
+                       or not any(a <= h[0] < b for a, b in items.values())]
+                props["lower"], props["upper"] = _limits_in_order(own, unlimited)
             slots.append((name, slot))
     return slots
 
 
-def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[str, str]]:
-    """{centre position: (its item, the text outside every item)} for a message that lists
-    several zones: an item is a line or a `;`-clause holding one centre (`1. 3KM RADIUS
-    491218N 0675403W`, `（二）以…为中心，半径1500米范围内空域`); none for a message with one."""
+def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """{centre position: (start, end) of its item} for a message that lists several zones: an
+    item is a line or a `;`-clause holding one centre (`1. 3KM RADIUS 491218N 0675403W`,
+    `（二）以…为中心，半径1500米范围内空域`, `…, AND WI … RADIUS OF …`); none for a message
+    with one."""
     pieces, pos = [], 0
     for m in [*_ITEM_BREAK.finditer(message), None]:
         end = m.start() if m else len(message)
@@ -506,19 +524,12 @@ def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[str,
         pos = m.end() if m else pos
     holds = {p: sorted({a for a, _ in centres if p[0] <= a < p[1]
                         and not any(b < a < e for b, e in centres)}) for p in pieces}
-    own = {p: at[0] for p, at in holds.items() if len(at) == 1}
-    if len(own) < 2:
-        return {}
-    outside = "".join(message[a:b] for a, b in pieces if not holds[(a, b)])
-    return {at: (message[a:b], outside) for (a, b), at in own.items()}
+    own = {at[0]: p for p, at in holds.items() if len(at) == 1}
+    return own if len(own) >= 2 else {}
 
 
-def _narrow_to_item(slot: dict, item: str, outside: str, centres: list[str], has_heights: bool
-                    ) -> None:  # fmt: skip
-    """A listed zone's radius is one written in its own item (when the item writes one), and
-    its limits are heights written in its item or outside every item (when those write one)."""
-    props = slot["properties"]
-    item = _blank(item, centres)
+def _narrow_radius(props: dict, item: str) -> None:
+    """A listed zone's radius is one written in its own item (when the item writes one)."""
     radii = radius_candidates(item)
     narrowed = [{**b, "properties": {**b["properties"], "value": {"enum": [
         v for v in b["properties"]["value"]["enum"] if v in radii.get(
@@ -526,10 +537,26 @@ def _narrow_to_item(slot: dict, item: str, outside: str, centres: list[str], has
     narrowed = [b for b in narrowed if b["properties"]["value"]["enum"]]
     if narrowed:
         props["radius"] = {"anyOf": narrowed}
-    heights = height_mentions(item) + height_mentions(_blank(outside, centres))
-    if heights or has_heights:  # else the message writes none: leave its fallback
-        props["lower"] = _grounded_limit([], heights or [("FT", 0, None)])
-        props["upper"] = copy.deepcopy(props["lower"])
+
+
+def _limits_in_order(heights: list[tuple], unlimited: bool) -> tuple[dict, dict]:
+    """(lower, upper) schemas for a zone whose message writes `heights` (`_height_spans`) in
+    this order: the upper limit is the last height written (UNL when none is, or also when the
+    message writes UNL), the lower SFC or a height written before the upper's."""
+    nonzero = [(u, v, r) for _, u, v, r in heights if v != 0]
+    lower = _grounded_limit([], (nonzero if unlimited else nonzero[:-1]) or [("FT", 0, None)])
+    upper = copy.deepcopy(_LIMIT)
+    feet_or_metres, flight_level, unl = upper["anyOf"]
+    upper["anyOf"] = [unl] if unlimited or not nonzero else []
+    if nonzero:
+        unit, value, ref = nonzero[-1]
+        branch = flight_level if unit == "FL" else feet_or_metres
+        branch["properties"]["value"] = {"enum": [value]}
+        if unit != "FL":
+            branch["properties"]["unit"] = {"const": unit}
+            branch["properties"]["ref"] = {"enum": [ref]} if ref else branch["properties"]["ref"]
+        upper["anyOf"].insert(0, branch)
+    return lower, upper
 
 
 def _fills(slot: tuple[str, dict], call: dict) -> bool:
