@@ -17,6 +17,7 @@ from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.contract import (
     COORDINATES,
     TIME,
+    centre_candidates,
     grounded_constraint,
     grounded_tools,
     height_candidates,
@@ -387,6 +388,15 @@ def test_height_mentions_read_the_reference_from_the_words():
                        ("lower", {"value": 500, "unit": "FT", "ref": "AMSL"})]:
         with pytest.raises(jsonschema.ValidationError):
             check.validate({**good, key: value})
+
+
+def test_a_centre_stands_alone():
+    """A coordinate glued to other digits or letters (the Q-line's `4912N06754W002`) is part
+    of something else, not a centre."""
+    text = ("B2641/26 NOTAMN\nQ) CZEG/QRRCA/IV/BO/W/000/015/4912N06754W002\nA) CYBC "
+            "B) 2602111600 C) 2602161600\nE) UAS OPS WI 3KM RADIUS 491218N 0675403W.")
+    assert centre_candidates(text) == ["491218N 0675403W", "CYBC"]
+    assert centre_candidates("X4912N06754W and (4912N06754W)") == ["4912N06754W"]
 
 
 def test_grounded_tools_drop_the_zone_tool_when_nothing_is_a_centre():

@@ -235,7 +235,16 @@ def centre_candidates(text: str) -> list[str]:
     spans |= {n for n in names if not n.isascii() and n in text}
     # two bare integers ("26 020", "1,50") are dates and counts far more often than a centre
     spans = {s for s in spans if not re.fullmatch(r"[-+]?\d+(, |,| )[-+]?\d+", s)}
-    return sorted(s for s in spans if _parses(s))
+    # a centre stands alone: `4912N06754W` glued to the Q-line's radius (`4912N06754W002`) or
+    # to other letters is part of something else
+    return sorted(s for s in spans if _occurrences(s, text) and _parses(s))
+
+
+def _occurrences(span: str, text: str) -> list[int]:
+    """Where `span` is written in `text` standing alone (no ASCII letter or digit glued on)."""
+    glued = re.compile(r"[A-Za-z0-9]")
+    return [m.start() for m in re.finditer(re.escape(span), text)
+            if not glued.match(text[m.start() - 1:m.start()]) and not glued.match(text, m.end())]
 
 
 def time_candidates(text: str) -> list[str]:
@@ -489,8 +498,8 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
     for message in split_messages(text):
         params = _grounded_zone_params(zone, message)
         centres = params["properties"]["centre"]["enum"] if params is not None else []
-        where = [(m.start(), -len(c), ZONE_TOOL, "centre", c, params) for c in centres
-                 for m in re.finditer(re.escape(c), message)]
+        where = [(at, -len(c), ZONE_TOOL, "centre", c, params) for c in centres
+                 for at in _occurrences(c, message)]
         where += [(m.start(1), 0, CLEAR_TOOL, "zone_id", m.group(1), clear)
                   for m in _CANCEL_SPAN.finditer(message)]
         items = _items(message, [(w[0], w[0] - w[1]) for w in where if w[2] == ZONE_TOOL])
