@@ -82,7 +82,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                         "argument contract (clover.tasks.airspace.contract): every call is valid")
     p.add_argument("--grounded", action="store_true",
                    help="--grammar narrowed to each message: a centre, time, radius or limit "
-                        "must be one the message writes (contract.grounded_tools)")
+                        "must be one the message writes, and the calls follow the message in "
+                        "the order it writes them, each zone once (contract.grounded_constraint)")
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
     p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
     p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")

@@ -183,7 +183,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "contract (clover.tasks.airspace.contract): every call is valid")
     e.add_argument("--grounded", action="store_true",
                    help="--grammar narrowed to each message: a centre, time, radius or limit "
-                        "must be one the message writes (contract.grounded_tools)")
+                        "must be one the message writes, and the calls follow the message in "
+                        "the order it writes them, each zone once (contract.grounded_constraint)")
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")

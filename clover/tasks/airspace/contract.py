@@ -186,7 +186,10 @@ def strict_tools() -> list[dict]:
 # Values a call copies must be written in the messages it answers: the centre one of their
 # coordinate spans or place names, a time one of their time spans, a radius or limit one of their
 # numbers. The candidates come from the message text alone (never from a gold answer); the model
-# still decides which zones there are and which value goes where.
+# still decides which zones there are and which value goes where. Two layers: per call
+# (`grounded_tools`: plain tools, which a server client can send) and per turn
+# (`grounded_constraint`: a Lark grammar whose calls follow the message's centres and cancelled
+# ids in the order written, each once, `turn_slots`).
 _COORD_SPAN = re.compile(COORDINATES[1:-1])  # unanchored: fullmatch(text, pos, endpos) works
 _TIME_SPAN = re.compile(TIME[1:-1])
 _UTC_OFFSET = re.compile(r"UTC([-+]\d{2}:\d{2})")
