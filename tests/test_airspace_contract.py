@@ -258,8 +258,13 @@ def test_a_zone_reaches_up_to_the_last_height_written():
                 for k in ("lower", "upper")]
 
     sfc = {("FT", 0, ("SFC", "AMSL", "AGL")), ("M", 0, ("SFC", "AMSL", "AGL")), ("UNL", None, ())}
-    lower, upper = limits("F) 1000FT AMSL G) FL095")
-    assert upper == {("FL", 95, ("STD",))} and lower == sfc | {("FT", 1000, ("AMSL",))}
+    lower, upper = limits("F) 1000FT AMSL G) FL095")  # two heights: a raised lower, required
+    assert upper == {("FL", 95, ("STD",))} and lower == {("FT", 1000, ("AMSL",))}
+    assert "lower" in turn_slots("A) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+                                 "12212.1E RADIUS 10NM.\nF) 1000FT AMSL G) FL095")[0][1][
+        "required"]
+    assert limits("inside a 300 metres radius of X from the surface to 1200 feet AGL") == [
+        sfc, {("FT", 1200, ("AGL",))}]  # `300 metres radius` is a radius
     assert limits("F) SFC G) 400FT AGL") == [sfc, {("FT", 400, ("AGL",))}]
     assert limits("F) SFC G) UNL") == [sfc, {("UNL", None, ())}]
     assert limits("")[1] == {("UNL", None, ())}

@@ -206,8 +206,8 @@ _RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
 _HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": _METRES}
 _FLIGHT_LEVEL_SPAN = re.compile(r"\bFL ?(\d{1,3})\b")
 # a number written as a radius is not a height; a height's reference written after it
-_RADIUS_BEFORE = re.compile(r"(半径|RADIUS ?|\bWI ?|\bwithin ?)$")
-_RADIUS_AFTER = re.compile(r" ?RADIUS\b")
+_RADIUS_BEFORE = re.compile(r"(半径|(?i:radius):? ?|\bWI ?|\bwithin ?)$")
+_RADIUS_AFTER = re.compile(r" ?(?i:radius)\b")
 _REFS = {"AGL": "AGL", "above ground level": "AGL", "AMSL": "AMSL", "MSL": "AMSL",
          "above mean sea level": "AMSL"}
 _REF_AFTER = re.compile(r" ?(" + "|".join(_REFS) + r")\b")
@@ -519,7 +519,9 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
                 # a listed zone's limits are written in its own item or outside every item
                 own = [h for h in heights if not items or (item and item[0] <= h[0] < item[1])
                        or not any(a <= h[0] < b for a, b in items.values())]
-                props["lower"], props["upper"] = _limits_in_order(own, unlimited)
+                props["lower"], props["upper"], raised = _limits_in_order(own, unlimited)
+                if raised:  # no SFC: the lower is written
+                    slot["required"] = [*slot.get("required", []), "lower"]
             slots.append((name, slot))
     return slots
 
@@ -551,12 +553,21 @@ def _narrow_radius(props: dict, item: str) -> None:
         props["radius"] = {"anyOf": narrowed}
 
 
-def _limits_in_order(heights: list[tuple], unlimited: bool) -> tuple[dict, dict]:
-    """(lower, upper) schemas for a zone whose message writes `heights` (`_height_spans`) in
-    this order: the upper limit is the last height written (UNL when none is, or also when the
-    message writes UNL), the lower SFC or a height written before the upper's."""
+def _limits_in_order(heights: list[tuple], unlimited: bool) -> tuple[dict, dict, bool]:
+    """(lower, upper, whether the lower must be given) schemas for a zone whose message writes
+    `heights` (`_height_spans`) in this order: the upper limit is the last height written (UNL
+    when none is, or also when the message writes UNL), the lower SFC or a height written
+    before the upper's (not SFC when two heights are written: the first is the lower)."""
     nonzero = [(u, v, r) for _, u, v, r in heights if v != 0]
     lower = _grounded_limit([], (nonzero if unlimited else nonzero[:-1]) or [("FT", 0, None)])
+    raised = len(nonzero) >= 2 and not unlimited  # two heights written: a lower, then the upper
+    if raised:
+        for b in lower["anyOf"]:
+            if "value" in b["properties"]:
+                b["properties"]["value"]["enum"] = [v for v in b["properties"]["value"]["enum"]
+                                                    if v != 0]
+        lower["anyOf"] = [b for b in lower["anyOf"] if b["properties"].get("value", {}).get(
+            "enum")]
     upper = copy.deepcopy(_LIMIT)
     feet_or_metres, flight_level, unl = upper["anyOf"]
     upper["anyOf"] = [unl] if unlimited or not nonzero else []
@@ -568,7 +579,7 @@ def _limits_in_order(heights: list[tuple], unlimited: bool) -> tuple[dict, dict]
             branch["properties"]["unit"] = {"const": unit}
             branch["properties"]["ref"] = {"enum": [ref]} if ref else branch["properties"]["ref"]
         upper["anyOf"].insert(0, branch)
-    return lower, upper
+    return lower, upper, raised
 
 
 def _fills(slot: tuple[str, dict], call: dict) -> bool:
