@@ -210,6 +210,7 @@ def test_turn_grammar_takes_each_written_centre_once_in_order(tiny_llm):
         "name": "set_no_fly_zone", "arguments": json.loads(near[11:-12])["arguments"]}}]}
     after = [*turn, called, {"role": "tool", "content": "{\"ok\": true}"}]
     assert _turn_accepts(tok, after, far) and not _turn_accepts(tok, after, near)
+    assert _turn_accepts(tok, after, "Done.") and not _turn_accepts(tok, after, "0" * 201)
 
 
 def test_a_listed_zone_takes_the_radius_and_limits_of_its_own_item():

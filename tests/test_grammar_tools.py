@@ -176,4 +176,7 @@ def test_ordered_calls_take_each_slot_once_in_order(tok):
     only = {"lark": ordered_calls_lark([("set_zone", _zone("A"))])}
     assert accepts(tok, only, a) and not accepts(tok, only, c)
     assert accepts(tok, {"lark": ordered_calls_lark([])}, "No zone.")
+    short = {"lark": ordered_calls_lark([("set_zone", _zone("A"))], max_text=12)}
+    assert accepts(tok, short, "No zone.") and accepts(tok, short, f"Setting:\n{a}")
+    assert not accepts(tok, short, "No zone at all here.")
     assert not accepts(tok, {"lark": ordered_calls_lark([])}, a)

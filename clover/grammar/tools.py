@@ -77,16 +77,19 @@ def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | N
     return "\n".join(lines + [f"TEXT: {_TEXT}"])
 
 
-def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] | None = None
-                       ) -> str:  # fmt: skip
+def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] | None = None,
+                       max_text: int | None = None) -> str:
     """Lark source for an assistant turn (text, or text then calls; tool_choice "auto") whose
     calls follow `slots` in order: each slot, a (function name, parameters schema) pair, is
     called at most once and any may be skipped; the tools of `anywhere` ({name: parameters})
     may be called between them, any number of times (with neither, the turn is text only).
-    The `<tool_call>` tags are named as special tokens (Clover's tokenizers have them)."""
+    The `<tool_call>` tags are named as special tokens (Clover's tokenizers have them).
+    max_text: at most that many characters of text (a model that wants a call the grammar no
+    longer allows would otherwise write text until max_tokens)."""
     anywhere = anywhere or {}
+    text = _TEXT if max_text is None else _TEXT.replace("+/", f"{{1,{max_text}}}/", 1)
     if not slots and not anywhere:
-        return f"start: TEXT\nTEXT: {_TEXT}"
+        return f"start: TEXT\nTEXT: {text}"
     tag = f"{TOOL_CALL_OPEN} {{}} {TOOL_CALL_CLOSE}"
     rules, bodies = [], {}
 
@@ -113,7 +116,7 @@ def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] 
         lines.append(f"from_{j}: " + " | ".join(options))
     if anywhere:
         lines.append(f'from_{k}: free ("\\n" free)*')
-    return "\n".join(lines + rules + [f"TEXT: {_TEXT}"])
+    return "\n".join(lines + rules + [f"TEXT: {text}"])
 
 
 def call_schema(name: str, parameters: dict) -> dict:

@@ -40,6 +40,10 @@ from clover.tasks.airspace.normalise import (
 from clover.tasks.airspace.tools import TOOLS
 
 ZONE_TOOL, CLEAR_TOOL = (t["function"]["name"] for t in TOOLS)
+# The task's text replies are one short sentence ("Done.", "No no-fly zone."): under the turn
+# grammar a turn's text is at most this long, so a model that wants a call the grammar no longer
+# allows cannot fill max_tokens with text instead.
+REPLY_MAX_CHARS = 200
 
 # ---- coordinates ---------------------------------------------------------------------------------
 # Regex pieces (JSON Schema `pattern` dialect: no lookaround, no backreferences).
@@ -487,7 +491,7 @@ def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
     done = 0
     for call in _calls(conversation[last + 1:]):
         done = next((i + 1 for i in range(done, len(slots)) if _fills(slots[i], call)), done)
-    return {"lark": ordered_calls_lark(slots[done:])}
+    return {"lark": ordered_calls_lark(slots[done:], max_text=REPLY_MAX_CHARS)}
 
 
 def turn_slots(text: str) -> list[tuple[str, dict]]:
