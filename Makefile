@@ -34,7 +34,7 @@ test: setup lint
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/clover demo airspace
+	$(VENV)/bin/clover demo airspace --grounded
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
