@@ -274,6 +274,27 @@ def test_a_zone_reaches_up_to_the_last_height_written():
     assert ("FT", 1000, ("AMSL",)) in lower
 
 
+def test_a_message_with_a_centre_and_a_radius_orders_a_zone(tiny_llm):
+    """A message that writes a centre and a radius with its unit orders at least one zone: the
+    turn may not skip it; a message that writes no radius (an obstacle light, with a distance
+    and bearing from a navaid) offers no zone at all."""
+    tok = tiny_llm.tokenizer
+    obst = ("!VLD 08/461 VLD OBST TOWER LGT (ASR 1133468) 304919N/0832609W (8.6NM WNW VLD) "
+            "1295FT (1092FT AGL) U/S 2408201430-2408231430")
+    zone = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    call = format_call({"name": "set_no_fly_zone", "arguments": {
+        "zone_id": "A1234/25", "centre": "1214.3N 12212.1E", "radius": {"value": 10, "unit": "NM"},
+        "upper": {"value": 300, "unit": "M", "ref": "AGL"}, "start": "2502140400",
+        "end": "2502141030"}})
+    assert turn_slots(obst) == [] and [t["function"]["name"] for t in grounded_tools([obst])] == [
+        "clear_zone"]
+    assert _turn_accepts(tok, [{"role": "user", "content": obst}], "No no-fly zone.")
+    for text, ok, bad in ((zone, call, "No no-fly zone."), (f"{obst}\n\n{zone}", call, "Done.")):
+        turn = [{"role": "user", "content": text}]
+        assert _turn_accepts(tok, turn, ok) and not _turn_accepts(tok, turn, bad)
+
+
 def test_turn_grammar_clears_only_the_id_a_message_cancels(tiny_llm):
     tok = tiny_llm.tokenizer
     text = ("B8359/25 NOTAMC B8336/25\nQ) LIMM/QRRXX/IV/BO/W/000/040/4530N00910E005\n"
@@ -353,8 +374,9 @@ def test_grounded_zone_ends_after_it_starts():
 
 
 def test_radius_candidates_pair_each_number_with_the_unit_written_after_it():
+    # `9.6NM WSW ALO` is a distance and bearing from a navaid, not a radius
     assert radius_candidates("WI 10NM RADIUS, 3NMR OF X (9.6NM WSW ALO) SFC-1200FT AGL") == {
-        "NM": [3, 9.6, 10]}
+        "NM": [3, 10]}
     assert radius_candidates("within 0.25 nautical miles of; Radius: 2 km; 2000MTR") == {
         "NM": [0.25], "KM": [2], "M": [2000]}
     # a number written as a height is not a radius

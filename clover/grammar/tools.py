@@ -77,20 +77,26 @@ def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | N
     return "\n".join(lines + [f"TEXT: {_TEXT}"])
 
 
-def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] | None = None,
+def ordered_calls_lark(slots: list[tuple[str, dict]], required: list[range] = (),
                        max_text: int | None = None) -> str:
     """Lark source for an assistant turn (text, or text then calls; tool_choice "auto") whose
     calls follow `slots` in order: each slot, a (function name, parameters schema) pair, is
-    called at most once and any may be skipped; the tools of `anywhere` ({name: parameters})
-    may be called between them, any number of times (with neither, the turn is text only).
-    The `<tool_call>` tags are named as special tokens (Clover's tokenizers have them).
-    max_text: at most that many characters of text (a model that wants a call the grammar no
-    longer allows would otherwise write text until max_tokens)."""
-    anywhere = anywhere or {}
+    called at most once and any may be skipped, except that each range of slot indices in
+    `required` (contiguous, disjoint) needs at least one of its slots called, so with any
+    range the turn must call. With no slots the turn is text only. max_text: at most that many
+    characters of text (a model that wants a call the grammar no longer allows would otherwise
+    write text until max_tokens). The `<tool_call>` tags are named as special tokens (Clover's
+    tokenizers have them)."""
     text = _TEXT if max_text is None else _TEXT.replace("+/", f"{{1,{max_text}}}/", 1)
-    if not slots and not anywhere:
+    if not slots:
         return f"start: TEXT\nTEXT: {text}"
-    tag = f"{TOOL_CALL_OPEN} {{}} {TOOL_CALL_CLOSE}"
+    k = len(slots)
+    range_of: dict[int, range] = {}
+    for r in required:
+        if not r or r.step != 1 or r.start < 0 or r.stop > k or any(j in range_of for j in r):
+            raise ValueError(f"required ranges must be disjoint ranges of slot indices "
+                             f"0..{k - 1} (got {list(required)})")
+        range_of.update((j, r) for j in r)
     rules, bodies = [], {}
 
     def body(name: str, parameters: dict) -> str:
@@ -100,22 +106,33 @@ def ordered_calls_lark(slots: list[tuple[str, dict]], anywhere: dict[str, dict] 
             rules.append(f"{bodies[source]}: %json {source}")
         return bodies[source]
 
-    free = " | ".join(body(n, p) for n, p in anywhere.items())
-    k = len(slots)
-    # from_j: the calls from slot j on (the free tools' calls allowed before each slot)
-    lines = ["start: TEXT | TEXT? from_0"]
-    if anywhere:
-        lines.append(f"free: {tag.format('(' + free + ')')}")
-    for j, (name, parameters) in enumerate(slots):
-        options = ([f'free "\\n" from_{j}'] if anywhere else [])
-        call = tag.format(body(name, parameters))
-        if j + 1 < k or anywhere:  # more may follow: skip this slot, or call it and go on
-            options += [f'{call} ("\\n" from_{j + 1})?', f"from_{j + 1}"]
+    def arrive(j: int) -> str:  # the state at slot j after slot j-1 was called or skipped
+        r = range_of.get(j)
+        return f"need_{j}" if r is not None and r.start == j else f"from_{j}"
+
+    # from_j: the calls from slot j on, nothing pending; need_j: one of slot j's range is owed
+    lines, todo, seen = [f"start: TEXT? {arrive(0)}" + ("" if required else " | TEXT")], [
+        arrive(0)], set()
+    while todo:
+        state = todo.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        kind, j = state.split("_")[0], int(state.split("_")[1])
+        call = f"{TOOL_CALL_OPEN} {body(*slots[j])} {TOOL_CALL_CLOSE}"
+        options, nexts = [], []
+        if j + 1 < k:
+            then = arrive(j + 1)
+            owed = any(r.start > j for r in required)  # a range after this slot
+            options.append(f'{call} "\\n" {then}' if owed else f'{call} ("\\n" {then})?')
+            same = range_of.get(j + 1) is range_of.get(j) and range_of.get(j) is not None
+            skip = f"need_{j + 1}" if kind == "need" and same else then if kind == "from" else None
+            options += [skip] if skip else []
+            nexts += [then] + ([skip] if skip else [])
         else:
             options.append(call)
-        lines.append(f"from_{j}: " + " | ".join(options))
-    if anywhere:
-        lines.append(f'from_{k}: free ("\\n" free)*')
+        lines.append(f"{state}: " + " | ".join(options))
+        todo += nexts
     return "\n".join(lines + rules + [f"TEXT: {text}"])
 
 

@@ -211,6 +211,8 @@ _HEIGHT_UNITS = {"FT": r"FT|ft|feet|foot", "M": _METRES}
 _FLIGHT_LEVEL_SPAN = re.compile(r"\bFL ?(\d{1,3})\b")
 # a number written as a radius is not a height; a height's reference written after it
 _RADIUS_BEFORE = re.compile(r"(半径|(?i:radius):? ?|\bWI ?|\bwithin ?)$")
+# `8.6NM WNW VLD`: a distance and bearing from a reference point, not a radius
+_BEARING_AFTER = re.compile(r" (N|NNE|NE|ENE|E|ESE|SE|SSE|S|SSW|SW|WSW|W|WNW|NW|NNW)\b")
 _RADIUS_AFTER = re.compile(r" ?(?i:radius)\b")
 _REFS = {"AGL": "AGL", "above ground level": "AGL", "AMSL": "AMSL", "MSL": "AMSL",
          "above mean sea level": "AMSL"}
@@ -288,11 +290,12 @@ def number_candidates(text: str) -> list[float | int]:
 
 def radius_candidates(text: str) -> dict[str, list[float | int]]:
     """Numbers `text` writes with a length unit right after them (`10NM`, `2 km`, `300 metres`,
-    `半径1.5公里`), by the contract's radius unit, not a height (`真高300米`, `150 m AGL`);
-    empty when it writes none."""
+    `半径1.5公里`), by the contract's radius unit, not a height (`真高300米`, `150 m AGL`) nor a
+    distance and bearing from a reference point (`8.6NM WNW VLD`); empty when it writes none."""
     out: dict[str, set] = {}
     for m in _unit_span(tuple(_RADIUS_UNITS.values())).finditer(text):
-        if text[:m.start()].endswith(_HEIGHT_BEFORE) or _REF_AFTER.match(text, m.end()):
+        if (text[:m.start()].endswith(_HEIGHT_BEFORE) or _REF_AFTER.match(text, m.end())
+                or _BEARING_AFTER.match(text, m.end())):
             continue
         unit = next(u for u, words in _RADIUS_UNITS.items() if re.fullmatch(words, m.group(2)))
         out.setdefault(unit, set()).add(_number(m.group(1)))
@@ -383,7 +386,7 @@ def split_messages(text: str) -> list[str]:
 def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     """The zone tool's strict parameters narrowed to the values `text` writes, with an `anyOf`
     whose branches each pair some starts with the ends after them; None when it writes no
-    centre or no radius."""
+    centre or no radius with its unit (no zone without one)."""
     centres, times = centre_candidates(text), time_positions(text)
     if not centres:
         return None
@@ -392,15 +395,14 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     params = copy.deepcopy(strict)
     props = params["properties"]
     props["centre"] = {"enum": centres}
-    # a radius or a limit is a number written with its unit (`10NM`, `500FT`); any number when
-    # the message writes none that way
+    # a radius is a number written with its unit (`10NM`, `2 km`), and a message that writes
+    # none orders no zone; a limit likewise (`500FT`), any number when the message writes none
     without_centres = _blank(text, centres)
     radii = radius_candidates(without_centres)
     for branch in props["radius"]["anyOf"]:
         value = branch["properties"]["value"]
         unit = branch["properties"]["unit"]["const"]
-        allowed = [v for v in (radii.get(unit, []) if radii else numbers)
-                   if 0 < v < value["exclusiveMaximum"]]
+        allowed = [v for v in radii.get(unit, []) if 0 < v < value["exclusiveMaximum"]]
         branch["properties"]["value"] = {"enum": allowed}
     props["radius"]["anyOf"] = [b for b in props["radius"]["anyOf"]
                                 if b["properties"]["value"]["enum"]]
@@ -487,11 +489,12 @@ def grounded_constraint(conversation: list[dict]) -> dict[str, Any]:
     text = conversation[last].get("content") if last is not None else None
     if not isinstance(text, str):
         return tool_constraint()
-    slots = turn_slots(text)
+    slots, owed = _turn(text)
     done = 0
     for call in _calls(conversation[last + 1:]):
         done = next((i + 1 for i in range(done, len(slots)) if _fills(slots[i], call)), done)
-    return {"lark": ordered_calls_lark(slots[done:], max_text=REPLY_MAX_CHARS)}
+    owed = [range(r.start - done, r.stop - done) for r in owed if r.start >= done]
+    return {"lark": ordered_calls_lark(slots[done:], owed, max_text=REPLY_MAX_CHARS)}
 
 
 def turn_slots(text: str) -> list[tuple[str, dict]]:
@@ -499,10 +502,17 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
     the zone tool's grounded parameters (`grounded_tools`'s branch for its message) once per
     centre written, with that centre fixed (a centre written twice gives two slots), and
     clear_zone once per id a message cancels (written after NOTAMC, CNL or CANCEL)."""
+    return _turn(text)[0]
+
+
+def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
+    """(`turn_slots`, the slot ranges of which one must be called: each message that writes a
+    centre and a radius orders a zone)."""
     strict = strict_tools()
     zone, clear = (t["function"]["parameters"] for t in strict)
-    slots = []
+    slots, owed = [], []
     for message in split_messages(text):
+        first = len(slots)
         params = _grounded_zone_params(zone, message)
         centres = params["properties"]["centre"]["enum"] if params is not None else []
         where = [(at, -len(c), ZONE_TOOL, "centre", c, params) for c in centres
@@ -527,7 +537,10 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
                 if raised:  # no SFC: the lower is written
                     slot["required"] = [*slot.get("required", []), "lower"]
             slots.append((name, slot))
-    return slots
+        zones = [i for i in range(first, len(slots)) if slots[i][0] == ZONE_TOOL]
+        if zones:
+            owed.append(range(zones[0], zones[-1] + 1))
+    return slots, owed
 
 
 def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
