@@ -330,6 +330,25 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
     check.validate({**good, "centre": "EGLL"})  # a place the message names
 
 
+def test_a_grounded_zone_gives_its_times_and_replaces_only_what_its_message_replaces():
+    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    check = _grounded_validator([text])
+    check.validate(good)
+    for bad in ({k: v for k, v in good.items() if k != "start"},
+                {k: v for k, v in good.items() if k != "end"},
+                {**good, "action": "replace", "replaces": "A1233/25"},
+                {**good, "action": "create"}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate(bad)
+    check = _grounded_validator([text.replace("A1234/25 NOTAMN", "A1234/25 NOTAMR A1233/25")])
+    check.validate({**good, "action": "replace", "replaces": "A1233/25"})
+    for bad in (good, {**good, "action": "replace", "replaces": "A1234/25"}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate(bad)
+
+
 def test_grounded_zone_values_come_from_one_message():
     """With two messages (two user turns, or one turn holding a feed of two), each message's
     own values pass, and a call that mixes in a value of the other is refused."""

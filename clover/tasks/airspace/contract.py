@@ -220,6 +220,7 @@ _REF_AFTER = re.compile(r" ?(" + "|".join(_REFS) + r")\b")
 _HEIGHT_BEFORE = "真高"  # "true height": above ground level
 _ITEM_BREAK = re.compile(r"\n|；|;|, AND ")  # between the items of a list of zones
 _UNLIMITED = re.compile(r"\bUNL(?:IMITED)?\b|unlimited")
+_REPLACE_SPAN = re.compile(r"\bNOTAMR +([A-Z]\d{4}/\d{2})\b")
 _CANCEL_SPAN = re.compile(r"\b(?:NOTAMC|CNL|CANCEL(?:S|LED)?) +([A-Z]\d{4}/\d{2})\b")
 
 
@@ -413,6 +414,16 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
     props["start"] = props["end"] = _time_choice([*sorted(times), None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
                        for starts, ends in _ordered_times(times)]
+    # a zone says when it starts and ends (null: not written); it replaces an earlier zone only
+    # when its message says so (`NOTAMR A1233/25`), and then that one
+    replaced = [m.group(1) for m in _REPLACE_SPAN.finditer(text)]
+    extra = ["start", "end"]
+    if replaced:
+        props["action"], props["replaces"] = {"const": "replace"}, {"enum": replaced}
+        extra += ["action", "replaces"]
+    else:
+        del props["action"], props["replaces"]
+    params["required"] = [*params["required"], *extra]
     return params
 
 
