@@ -201,16 +201,22 @@ def test_turn_grammar_takes_each_written_centre_once_in_order(tiny_llm):
         "2501171600", "2502141030")
     turn = [{"role": "user", "content": first}, {"role": "assistant", "content": old},
             {"role": "user", "content": second}]
-    for ok in (near, far, f"{near}\n{far}"):
-        assert _turn_accepts(tok, turn, ok), ok
-    for bad in (f"{far}\n{near}", f"{near}\n{near}", old, zone("351531N0752645W", 5)):
+    assert _turn_accepts(tok, turn, f"{near}\n{far}")
+    # each ring writes its radius, so each is owed
+    for bad in (near, far, f"{far}\n{near}", f"{near}\n{near}", old, zone("351531N0752645W", 5),
+                "Done."):
         assert not _turn_accepts(tok, turn, bad), bad
     assert _turn_accepts(tok, turn[:1], old)
     called = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
         "name": "set_no_fly_zone", "arguments": json.loads(near[11:-12])["arguments"]}}]}
     after = [*turn, called, {"role": "tool", "content": "{\"ok\": true}"}]
     assert _turn_accepts(tok, after, far) and not _turn_accepts(tok, after, near)
-    assert _turn_accepts(tok, after, "Done.") and not _turn_accepts(tok, after, "0" * 201)
+    assert not _turn_accepts(tok, after, "Done.")  # the far ring is still owed
+    far_call = {"type": "function", "function": {
+        "name": "set_no_fly_zone", "arguments": json.loads(far[11:-12])["arguments"]}}
+    both = [*turn, {**called, "tool_calls": [*called["tool_calls"], far_call]}]
+    assert _turn_accepts(tok, both, "Done.") and not _turn_accepts(tok, both, "0" * 201)
+    assert not _turn_accepts(tok, both, far)
 
 
 def test_a_listed_zone_takes_the_radius_and_limits_of_its_own_item():

@@ -518,7 +518,8 @@ def turn_slots(text: str) -> list[tuple[str, dict]]:
 
 def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
     """(`turn_slots`, the slot ranges of which one must be called: each message that writes a
-    centre and a radius orders a zone)."""
+    centre and a radius orders a zone, and in a message listing several, each item that writes
+    its radius orders its own)."""
     strict = strict_tools()
     zone, clear = (t["function"]["parameters"] for t in strict)
     slots, owed = [], []
@@ -533,7 +534,9 @@ def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
         items = _items(message, [(w[0], w[0] - w[1]) for w in where if w[2] == ZONE_TOOL])
         blanked = _blank(message, centres)
         heights, unlimited = _height_spans(blanked), bool(_UNLIMITED.search(blanked))
+        starts = []
         for start, _, name, key, value, base in sorted(where, key=lambda w: w[:2]):
+            starts += [start] if name == ZONE_TOOL else []
             slot = copy.deepcopy(base)
             props = slot["properties"]
             props[key] = {"const": value}
@@ -549,8 +552,11 @@ def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
                     slot["required"] = [*slot.get("required", []), "lower"]
             slots.append((name, slot))
         zones = [i for i in range(first, len(slots)) if slots[i][0] == ZONE_TOOL]
-        if zones:
-            owed.append(range(zones[0], zones[-1] + 1))
+        # each listed zone whose item writes its radius is owed; else one zone of the message
+        listed = [i for i, at in zip(zones, starts, strict=True) if at in items
+                  and radius_candidates(blanked[items[at][0]:items[at][1]])]
+        owed += [range(i, i + 1) for i in listed] or ([range(zones[0], zones[-1] + 1)]
+                                                      if zones else [])
     return slots, owed
 
 
