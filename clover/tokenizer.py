@@ -170,7 +170,7 @@ def _text(content: Any) -> Any:
     return json.dumps(content, ensure_ascii=False)
 
 
-def _normalize_call(call: dict) -> dict:
+def normalize_tool_call(call: dict) -> dict:
     """Arguments that arrive as a JSON string become a dict, so they render like training data."""
     fn = dict(call.get("function", call))
     if isinstance(fn.get("arguments"), str):
@@ -184,7 +184,7 @@ def _normalize_call(call: dict) -> dict:
 def _normalize_message(message: dict) -> dict:
     out = {**message, "content": _text(message.get("content"))}
     if message.get("tool_calls"):
-        out["tool_calls"] = [_normalize_call(c) for c in message["tool_calls"]]
+        out["tool_calls"] = [normalize_tool_call(c) for c in message["tool_calls"]]
     return out
 
 

@@ -49,6 +49,12 @@ def test_every_gold_call_matches_the_strict_schemas(split):
         VALIDATORS[call["name"]].validate(call["arguments"])
 
 
+# one NOTAM the grounded tests share, and its gold arguments
+NOTAM = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
+         "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+NOTAM_CALL = {**GOOD, "start": "2502140400", "end": "2502141030"}
+
+
 _LOOSE = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -287,8 +293,7 @@ def test_a_message_with_a_centre_and_a_radius_orders_a_zone(tiny_llm):
     tok = tiny_llm.tokenizer
     obst = ("!VLD 08/461 VLD OBST TOWER LGT (ASR 1133468) 304919N/0832609W (8.6NM WNW VLD) "
             "1295FT (1092FT AGL) U/S 2408201430-2408231430")
-    zone = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
-            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    zone = NOTAM
     call = format_call({"name": "set_no_fly_zone", "arguments": {
         "zone_id": "A1234/25", "centre": "1214.3N 12212.1E", "radius": {"value": 10, "unit": "NM"},
         "upper": {"value": 300, "unit": "M", "ref": "AGL"}, "start": "2502140400",
@@ -316,9 +321,8 @@ def test_turn_grammar_clears_only_the_id_a_message_cancels(tiny_llm):
 
 
 def test_grounded_schemas_reject_values_the_message_does_not_write():
-    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
-            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
-    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    text = NOTAM
+    good = NOTAM_CALL
     check = _grounded_validator([text])
     check.validate(good)
     for key, value in [("centre", "1214.4N 12212.1E"),  # valid, but not the message's
@@ -337,9 +341,8 @@ def test_grounded_schemas_reject_values_the_message_does_not_write():
 
 
 def test_a_grounded_zone_gives_its_times_and_replaces_only_what_its_message_replaces():
-    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
-            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
-    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    text = NOTAM
+    good = NOTAM_CALL
     check = _grounded_validator([text])
     check.validate(good)
     for bad in ({k: v for k, v in good.items() if k != "start"},
@@ -358,8 +361,7 @@ def test_a_grounded_zone_gives_its_times_and_replaces_only_what_its_message_repl
 def test_grounded_zone_values_come_from_one_message():
     """With two messages (two user turns, or one turn holding a feed of two), each message's
     own values pass, and a call that mixes in a value of the other is refused."""
-    first = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
-             "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
+    first = NOTAM
     second = ("A2000/25 NOTAMN\nA) EGKK B) 2503010600 C) 2503011800\nE) UAS OPS WI 5130.0N "
               "00010.0W RADIUS 2NM.\nF) SFC G) 120M AGL")
     one = {**GOOD, "start": "2502140400", "end": "2502141030"}
@@ -379,9 +381,8 @@ def test_grounded_zone_values_come_from_one_message():
 def test_grounded_zone_ends_after_it_starts():
     """A grounded zone ends after it starts, in time and in the text; it has no end only when
     its message writes one time; a missing start goes with any end."""
-    text = ("A1234/25 NOTAMN\nA) EGLL B) 2502140400 C) 2502141030\nE) UAS OPS WI 1214.3N "
-            "12212.1E RADIUS 10NM.\nF) SFC G) 300M AGL")
-    good = {**GOOD, "start": "2502140400", "end": "2502141030"}
+    text = NOTAM
+    good = NOTAM_CALL
     check = _grounded_validator([text])
     for start, end in [("2502140400", "2502141030"), (None, "2502140400"), (None, None)]:
         check.validate({**good, "start": start, "end": end})

@@ -106,32 +106,33 @@ def ordered_calls_lark(slots: list[tuple[str, dict]], required: list[range] = ()
             rules.append(f"{bodies[source]}: %json {source}")
         return bodies[source]
 
-    def arrive(j: int) -> str:  # the state at slot j after slot j-1 was called or skipped
+    def arrive(j: int) -> tuple[str, int]:  # the state at slot j once slot j-1 is settled
         r = range_of.get(j)
-        return f"need_{j}" if r is not None and r.start == j else f"from_{j}"
+        return ("need", j) if r is not None and r.start == j else ("from", j)
+
+    def name(state: tuple[str, int]) -> str:
+        return f"{state[0]}_{state[1]}"
 
     # from_j: the calls from slot j on, nothing pending; need_j: one of slot j's range is owed
-    lines, todo, seen = [f"start: TEXT? {arrive(0)}" + ("" if required else " | TEXT")], [
-        arrive(0)], set()
+    start = f"start: TEXT? {name(arrive(0))}" + ("" if required else " | TEXT")
+    lines, todo, seen = [start], [arrive(0)], set()
     while todo:
         state = todo.pop()
         if state in seen:
             continue
         seen.add(state)
-        kind, j = state.split("_")[0], int(state.split("_")[1])
+        kind, j = state
         call = f"{TOOL_CALL_OPEN} {body(*slots[j])} {TOOL_CALL_CLOSE}"
-        options, nexts = [], []
+        options, nexts = [call], []
         if j + 1 < k:
             then = arrive(j + 1)
             owed = any(r.start > j for r in required)  # a range after this slot
-            options.append(f'{call} "\\n" {then}' if owed else f'{call} ("\\n" {then})?')
-            same = range_of.get(j + 1) is range_of.get(j) and range_of.get(j) is not None
-            skip = f"need_{j + 1}" if kind == "need" and same else then if kind == "from" else None
-            options += [skip] if skip else []
-            nexts += [then] + ([skip] if skip else [])
-        else:
-            options.append(call)
-        lines.append(f"{state}: " + " | ".join(options))
+            options = [f'{call} "\\n" {name(then)}' if owed else f'{call} ("\\n" {name(then)})?']
+            same = range_of.get(j) is not None and range_of.get(j + 1) is range_of.get(j)
+            skip = ("need", j + 1) if kind == "need" and same else then if kind == "from" else None
+            nexts = [then, *([skip] if skip else [])]
+            options += [name(skip)] if skip else []
+        lines.append(f"{name(state)}: " + " | ".join(options))
         todo += nexts
     return "\n".join(lines + rules + [f"TEXT: {text}"])
 

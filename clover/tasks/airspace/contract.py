@@ -24,7 +24,6 @@ Not enforced (the scorer does not need them): that a zone id looks like a NOTAM 
 from __future__ import annotations
 
 import copy
-import json
 import re
 from functools import cache
 from typing import Any
@@ -38,6 +37,7 @@ from clover.tasks.airspace.normalise import (
     parse_time,
 )
 from clover.tasks.airspace.tools import TOOLS
+from clover.tokenizer import normalize_tool_call
 
 ZONE_TOOL, CLEAR_TOOL = (t["function"]["name"] for t in TOOLS)
 # The task's text replies are one short sentence ("Done.", "No no-fly zone."): under the turn
@@ -203,6 +203,7 @@ _CN_PART_SPAN = re.compile(r"(?<![\d日年])(?:(\d{1,2})月(\d{1,2})日)?\d{1,2}
 _NUMBER_SPAN = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?")
 _ICAO_SPAN = re.compile(r"\b[A-Z]{4}\b")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_GLUED = re.compile(r"[A-Za-z0-9]")  # what may not touch a centre
 # units as messages write them right after a number (`10NM`, `2 km`, `150 m`, `半径1.5公里`)
 _METRES = r"MTR|M|m|metres?|meters?|米"
 _RADIUS_UNITS = {"NM": r"NMR|NM|nautical miles?|海里",
@@ -252,9 +253,8 @@ def centre_candidates(text: str) -> list[str]:
 
 def _occurrences(span: str, text: str) -> list[int]:
     """Where `span` is written in `text` standing alone (no ASCII letter or digit glued on)."""
-    glued = re.compile(r"[A-Za-z0-9]")
     return [m.start() for m in re.finditer(re.escape(span), text)
-            if not glued.match(text[m.start() - 1:m.start()]) and not glued.match(text, m.end())]
+            if not _GLUED.match(text[m.start() - 1:m.start()]) and not _GLUED.match(text, m.end())]
 
 
 def time_candidates(text: str) -> list[str]:
@@ -409,7 +409,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
                                 if b["properties"]["value"]["enum"]]
     if not props["radius"]["anyOf"]:
         return None
-    props["lower"] = _grounded_limit(numbers, height_mentions(without_centres))
+    props["lower"] = _grounded_limit(height_mentions(without_centres), numbers)
     props["upper"] = copy.deepcopy(props["lower"])
     props["start"] = props["end"] = _time_choice([*sorted(times), None])
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
@@ -435,18 +435,22 @@ def _blank(text: str, spans: list[str]) -> str:
     return text
 
 
-def _grounded_limit(numbers: list, written: list[tuple[str, float | int, str | None]]) -> dict:
+def _grounded_limit(written: list[tuple[str, float | int, str | None]],
+                    numbers: list | None = None, raised: bool = False) -> dict:
     """`_LIMIT` with each unit's value one of the heights written with that unit (0 always, for
-    SFC / GND), and each height's reference the one its words give (any when they give none);
-    any number in FT or M, and any FL, when the message writes no height that way."""
-    anywhere = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
+    SFC / GND, and UNL, unless `raised`: a written height only), and each height's reference the
+    one its words give (any when they give none); when nothing is written, any of `numbers` in
+    FT or M and as FL (None: SFC only)."""
+    if not written and numbers is not None:
+        anywhere = sorted({0, *(v for v in numbers if v <= _HEIGHT["maximum"])})
+        written = [(u, v, None) for u in ("FT", "M", "FL") for v in anywhere]
     limit = copy.deepcopy(_LIMIT)
     feet_or_metres, flight_level, unlimited = limit["anyOf"]
     any_ref = feet_or_metres["properties"]["ref"]["enum"]
     branches = []
     for unit in ("FT", "M"):
-        refs: dict[float | int, set[str]] = {0: set(any_ref)}
-        for u, value, ref in written if written else [(unit, v, None) for v in anywhere]:
+        refs: dict[float | int, set[str]] = {} if raised else {0: set(any_ref)}
+        for u, value, ref in written:
             if u == unit:
                 refs.setdefault(value, set()).update([ref] if ref else any_ref)
         by_refs: dict[tuple, list] = {}
@@ -458,11 +462,11 @@ def _grounded_limit(numbers: list, written: list[tuple[str, float | int, str | N
             branch["properties"]["unit"] = {"const": unit}
             branch["properties"]["ref"] = {"enum": list(allowed)}
             branches.append(branch)
-    levels = sorted({v for u, v, _ in written if u == "FL"}) if written else anywhere
+    levels = sorted({v for u, v, _ in written if u == "FL"})
     if levels:
         flight_level["properties"]["value"] = {"enum": levels}
         branches.append(flight_level)
-    limit["anyOf"] = [*branches, unlimited]
+    limit["anyOf"] = branches if raised else [*branches, unlimited]
     return limit
 
 
@@ -534,16 +538,17 @@ def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
         items = _items(message, [(w[0], w[0] - w[1]) for w in where if w[2] == ZONE_TOOL])
         blanked = _blank(message, centres)
         heights, unlimited = _height_spans(blanked), bool(_UNLIMITED.search(blanked))
-        starts = []
+        listed = []  # the listed zones whose item writes their radius: each is owed
         for start, _, name, key, value, base in sorted(where, key=lambda w: w[:2]):
-            starts += [start] if name == ZONE_TOOL else []
             slot = copy.deepcopy(base)
             props = slot["properties"]
             props[key] = {"const": value}
             if name == ZONE_TOOL:
                 item = items.get(start)
-                if item is not None:
-                    _narrow_radius(props, blanked[item[0]:item[1]])
+                radii = radius_candidates(blanked[item[0]:item[1]]) if item else {}
+                if radii:
+                    _narrow_radius(props, radii)
+                    listed.append(len(slots))
                 # a listed zone's limits are written in its own item or outside every item
                 own = [h for h in heights if not items or (item and item[0] <= h[0] < item[1])
                        or not any(a <= h[0] < b for a, b in items.values())]
@@ -553,8 +558,6 @@ def _turn(text: str) -> tuple[list[tuple[str, dict]], list[range]]:
             slots.append((name, slot))
         zones = [i for i in range(first, len(slots)) if slots[i][0] == ZONE_TOOL]
         # each listed zone whose item writes its radius is owed; else one zone of the message
-        listed = [i for i, at in zip(zones, starts, strict=True) if at in items
-                  and radius_candidates(blanked[items[at][0]:items[at][1]])]
         owed += [range(i, i + 1) for i in listed] or ([range(zones[0], zones[-1] + 1)]
                                                       if zones else [])
     return slots, owed
@@ -576,9 +579,9 @@ def _items(message: str, centres: list[tuple[int, int]]) -> dict[int, tuple[int,
     return own if len(own) >= 2 else {}
 
 
-def _narrow_radius(props: dict, item: str) -> None:
-    """A listed zone's radius is one written in its own item (when the item writes one)."""
-    radii = radius_candidates(item)
+def _narrow_radius(props: dict, radii: dict[str, list]) -> None:
+    """A listed zone's radius is one its own item writes (`radii`, by unit), when it allows
+    one of them."""
     narrowed = [{**b, "properties": {**b["properties"], "value": {"enum": [
         v for v in b["properties"]["value"]["enum"] if v in radii.get(
             b["properties"]["unit"]["const"], [])]}}} for b in props["radius"]["anyOf"]]
@@ -593,15 +596,8 @@ def _limits_in_order(heights: list[tuple], unlimited: bool) -> tuple[dict, dict,
     when none is, or also when the message writes UNL), the lower SFC or a height written
     before the upper's (not SFC when two heights are written: the first is the lower)."""
     nonzero = [(u, v, r) for _, u, v, r in heights if v != 0]
-    lower = _grounded_limit([], (nonzero if unlimited else nonzero[:-1]) or [("FT", 0, None)])
     raised = len(nonzero) >= 2 and not unlimited  # two heights written: a lower, then the upper
-    if raised:
-        for b in lower["anyOf"]:
-            if "value" in b["properties"]:
-                b["properties"]["value"]["enum"] = [v for v in b["properties"]["value"]["enum"]
-                                                    if v != 0]
-        lower["anyOf"] = [b for b in lower["anyOf"] if b["properties"].get("value", {}).get(
-            "enum")]
+    lower = _grounded_limit(nonzero if unlimited else nonzero[:-1], raised=raised)
     upper = copy.deepcopy(_LIMIT)
     feet_or_metres, flight_level, unl = upper["anyOf"]
     upper["anyOf"] = [unl] if unlimited or not nonzero else []
@@ -625,18 +621,10 @@ def _fills(slot: tuple[str, dict], call: dict) -> bool:
 
 def _calls(messages: list[dict]) -> list[dict]:
     """{"name", "arguments"} of the tool calls in `messages` (assistant turns), in order."""
-    out = []
-    for m in messages:
-        for call in m.get("tool_calls") or []:
-            fn = call.get("function", call) if isinstance(call, dict) else {}
-            args = fn.get("arguments")
-            try:
-                args = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                continue
-            if isinstance(args, dict):
-                out.append({"name": fn.get("name"), "arguments": args})
-    return out
+    fns = [normalize_tool_call(c)["function"] for m in messages for c in m.get("tool_calls") or []
+           if isinstance(c, dict)]
+    return [{"name": fn.get("name"), "arguments": fn["arguments"]} for fn in fns
+            if isinstance(fn.get("arguments"), dict)]
 
 
 def tool_constraint(texts: list[str] | None = None) -> dict[str, Any]:
