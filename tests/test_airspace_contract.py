@@ -2,6 +2,9 @@
 rejected by the scorer's parsers (so a grammar built from them makes every call valid)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -491,3 +494,17 @@ def test_random_weights_under_the_grounded_grammar_copy_only_the_messages_values
                 closed += 1
                 assert call["arguments"]["centre"] in e.text
     assert closed > 0
+
+
+def test_the_turn_grammar_does_not_depend_on_string_hashing():
+    """The same conversation gives the same grammar in any process (grammars are cached and
+    compared by their text; set order must not leak into it)."""
+    code = ("import json, hashlib; from clover.tasks.airspace import generate_examples; "
+            "from clover.tasks.airspace.agent import initial_conversation; "
+            "from clover.tasks.airspace.contract import grounded_constraint; "
+            "print(hashlib.sha256(json.dumps([grounded_constraint(initial_conversation(e)) "
+            "for e in generate_examples('test', 40, 0)]).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2")}
+    assert len(digests) == 1

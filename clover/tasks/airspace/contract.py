@@ -280,7 +280,8 @@ def time_positions(text: str) -> dict[str, int]:
     for local in _EN_LOCAL_SPAN.finditer(text):
         for off in offsets:
             spans.setdefault(f"{local.group(0)} UTC{off}", local.start())
-    return {s: pos for s, pos in spans.items() if _TIME_SPAN.fullmatch(s)}
+    # sorted: `_spans` is a set, and the grammar built from these must not depend on hashing
+    return {s: pos for s, pos in sorted(spans.items()) if _TIME_SPAN.fullmatch(s)}
 
 
 def number_candidates(text: str) -> list[float | int]:
