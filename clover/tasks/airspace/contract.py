@@ -412,7 +412,7 @@ def _grounded_zone_params(strict: dict, text: str) -> dict | None:
         return None
     props["lower"] = _grounded_limit(height_mentions(without_centres), numbers)
     props["upper"] = copy.deepcopy(props["lower"])
-    props["start"] = props["end"] = _time_choice([*sorted(times), None])
+    props["start"] = props["end"] = _time_choice([*times, None])  # times are sorted
     params["anyOf"] = [{"properties": {"start": _time_choice(starts), "end": _time_choice(ends)}}
                        for starts, ends in _ordered_times(times)]
     # a zone says when it starts and ends (null: not written); it replaces an earlier zone only
