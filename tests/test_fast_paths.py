@@ -38,7 +38,7 @@ def test_fused_forward_equals_separate_projections(overrides):
     with torch.inference_mode():
         ref = model(ids).logits
         fused = model.fuse_projections()(ids).logits
-    assert all(layer.attn.fused is not None for layer in model.layers)
+    assert all(layer.attn.qkv_fast is not None for layer in model.layers)
     torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -48,7 +48,7 @@ def test_fused_engine_decodes_the_same_tokens(overrides):
     llm = LLM(_model(overrides), device="cpu", dtype="float32")
     prompts = [_ids(1, 7, seed=1)[0].tolist(), _ids(1, 12, seed=2)[0].tolist()]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    assert llm.engine.model.layers[0].attn.fused is not None  # the runner fused it
+    assert llm.engine.model.layers[0].attn.qkv_fast is not None  # the runner fused it
     fast = [o.token_ids for o in llm.generate(prompts, params)]
     llm.engine.model.fuse_projections(enabled=False)
     assert [o.token_ids for o in llm.generate(prompts, params)] == fast
@@ -56,7 +56,7 @@ def test_fused_engine_decodes_the_same_tokens(overrides):
 
 def test_fusing_keeps_the_state_dict_and_follows_in_place_updates(tmp_path):
     """Fusion copies nothing the state dict can see: same keys and values, saves and loads as
-    before, and an in-place load_state_dict reaches the fused weights (no stale copy)."""
+    before, and after an in-place load_state_dict no stale weight is used."""
     model, other = _model({}, seed=0), _model({}, seed=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.fuse_projections()
@@ -77,13 +77,29 @@ def test_fused_path_steps_aside_for_autograd_and_new_weights():
     model(_ids(1, 5)).logits.sum().backward()
     assert model.layers[0].attn.q_proj.weight.grad is not None
     assert model.layers[0].ffn.gate_proj.weight.grad is not None  # layer 0 is a dense SwiGLU
-    attn = model.layers[0].attn
+    attn, x = model.layers[0].attn, torch.randn(1, 3, model.config.dim)
     with torch.no_grad():
-        assert attn.fused.weight() is not None
+        assert attn.qkv_fast(x) is not None
         attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.clone() * 2)
-        assert attn.fused.weight() is None
+        assert attn.qkv_fast(x) is None
+        model.layers[1].attn.o_proj.weight.mul_(2)  # in place: the packed copy would be stale
+        assert model.layers[1].attn.o_fast(x) is None
         model.to(torch.bfloat16)
-        assert model.layers[1].attn.fused.weight() is None
+        assert model.layers[1].attn.qkv_fast(x.bfloat16()) is None
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_bf16_prepacked_fast_paths_decode_like_the_reference(overrides):
+    """bf16 on CPU: fused and oneDNN-prepacked weights (small inputs) and plain fused matmuls
+    (larger ones) decode the tokens of the reference layers at temperature 0."""
+    model = _model(overrides).to(torch.bfloat16)
+    llm = LLM(model, device="cpu", dtype="bfloat16")
+    assert model.layers[0].attn.qkv_fast.packed is not None and model.head_fast is not None
+    prompts = [_ids(1, 21, seed=3)[0].tolist(), _ids(1, 5, seed=4)[0].tolist()]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    fast = [o.token_ids for o in llm.generate(prompts, params)]
+    model.fuse_projections(enabled=False)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == fast
 
 
 def test_all_valid_cache_write_equals_padded_write():

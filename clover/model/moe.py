@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
-from clover.model.fused import FusedLinears
+from clover.model.fused import FastLinear, linear
 
 
 @dataclass
@@ -50,17 +50,21 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
-        self.fused: FusedLinears | None = None  # set by `fuse` (inference only)
+        # set by `fuse` (inference only; see clover/model/fused.py)
+        self.gate_up_fast: FastLinear | None = None
+        self.down_fast: FastLinear | None = None
 
-    def fuse(self, enabled: bool = True) -> None:
-        self.fused = FusedLinears.fuse(self, ("gate_proj", "up_proj")) if enabled else None
+    def fuse(self, enabled: bool = True, pack: bool = False) -> None:
+        self.gate_up_fast = FastLinear.build(self, ("gate_proj", "up_proj"), pack) if enabled \
+            else None
+        self.down_fast = FastLinear.build(self, ("down_proj",), pack) if enabled else None
 
     def forward(self, x: Tensor) -> Tensor:
-        fused = self.fused.weight() if self.fused is not None else None
-        if fused is None:  # the reference
+        gate_up = self.gate_up_fast(x) if self.gate_up_fast is not None else None
+        if gate_up is None:  # the reference
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, *fused).chunk(2, dim=-1)  # no autograd here: in place is safe
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        gate, up = gate_up.chunk(2, dim=-1)  # no autograd here: in place is safe
+        return linear(self.down_fast, F.silu(gate, inplace=True).mul_(up), self.down_proj)
 
 
 class Router(nn.Module):

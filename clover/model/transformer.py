@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
-from clover.model.fused import FusedLinears
+from clover.model.fused import FastLinear, linear
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
@@ -237,10 +237,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * self.head_dim, config.dim, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
-        self.fused: FusedLinears | None = None  # set by `fuse_projections` (inference only)
+        # set by `CloverModel.fuse_projections` (inference only; see clover/model/fused.py)
+        self.qkv_fast: FastLinear | None = None
+        self.o_fast: FastLinear | None = None
 
-    def fuse(self, enabled: bool = True) -> None:
-        self.fused = FusedLinears.fuse(self, ("q_proj", "k_proj", "v_proj")) if enabled else None
+    def fuse(self, enabled: bool = True, pack: bool = False) -> None:
+        qkv, o = ("q_proj", "k_proj", "v_proj"), ("o_proj",)
+        self.qkv_fast = FastLinear.build(self, qkv, pack) if enabled else None
+        self.o_fast = FastLinear.build(self, o, pack) if enabled else None
 
     def forward(self, x_BLD: Tensor, rope: tuple[Rotary, Tensor, Tensor], mask_BLS: Tensor,
                 cache: KVCache | None, write: CacheWrite | None) -> Tensor:
@@ -251,7 +255,7 @@ class Attention(nn.Module):
             k, v = self._through_cache(cache, k_BLGD, v_BLGD, write)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BLS[:, None],
                                              enable_gqa=self.num_kv_heads != self.num_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+        return linear(self.o_fast, out.transpose(1, 2).reshape(B, L, -1), self.o_proj)
 
     def _qkv_roped(self, x_BLD: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
         """q, k (normed if configured, rotated) and v, each [B, L, heads, Dh].
@@ -261,13 +265,13 @@ class Attention(nn.Module):
         B, L, _ = x_BLD.shape
         H, G, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         rotary, cos, sin = rope
-        fused = self.fused.weight() if self.fused is not None else None
-        if fused is None:
+        qkv = self.qkv_fast(x_BLD) if self.qkv_fast is not None else None
+        if qkv is None:
             q = self.q_proj(x_BLD).view(B, L, H, Dh)
             k = self.k_proj(x_BLD).view(B, L, G, Dh)
             v = self.v_proj(x_BLD).view(B, L, G, Dh)
         else:
-            qkv_BLXD = F.linear(x_BLD, *fused).view(B, L, H + 2 * G, Dh)
+            qkv_BLXD = qkv.view(B, L, H + 2 * G, Dh)
             if self.q_norm is None:
                 qk_BLXD = rotary.apply(qkv_BLXD[:, :, :H + G], cos, sin)
                 return qk_BLXD[:, :, :H], qk_BLXD[:, :, H:], qkv_BLXD[:, :, H + G:]
@@ -335,6 +339,7 @@ class CloverModel(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(
             config.dim, config.vocab_size, bias=False)
+        self.head_fast: FastLinear | None = None  # set by `fuse_projections`
 
     def forward(self, ids_BL: Tensor, pos_BL: Tensor | None = None, *, cache: KVCache | None = None,
                 slot_B: Tensor | None = None, cache_rows: list[int] | None = None,
@@ -371,17 +376,23 @@ class CloverModel(nn.Module):
         logits = self.project(h_sel)
         return ModelOutput(logits, self._moe_stats(stats), h_BLD if return_hidden else None)
 
-    def fuse_projections(self, enabled: bool = True) -> CloverModel:
-        """Run q/k/v and gate/up as one matmul each at inference (no copy, same state dict;
-        see clover/model/fused.py). Layers that cannot fuse keep their separate projections;
+    def fuse_projections(self, enabled: bool = True, pack: bool = True) -> CloverModel:
+        """Inference fast paths (clover/model/fused.py): q/k/v and gate/up as one matmul each
+        (no copy, same state dict) and, with `pack` on a bf16 CPU model, oneDNN-prepacked
+        weights for small inputs. Layers that cannot fuse keep their separate projections;
         `enabled=False` goes back to the separate ones everywhere (the reference)."""
         for module in self.modules():
             if isinstance(module, (Attention, SwiGLU)):
-                module.fuse(enabled)
+                module.fuse(enabled, pack)
+        head = ("embed",) if self.lm_head is None else ("lm_head",)
+        self.head_fast = FastLinear.build(self, head, pack) if enabled else None
         return self
 
     def project(self, h: Tensor) -> Tensor:
         """LM head (tied to the embedding when configured)."""
+        out = self.head_fast(h) if self.head_fast is not None else None
+        if out is not None:
+            return out
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
     def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, cache_rows, attn_mask_BLS):
