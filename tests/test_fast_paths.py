@@ -131,3 +131,14 @@ def test_bf16_norm_rounds_like_transformers_llama():
     ours, theirs = ours.to(torch.bfloat16), theirs.to(torch.bfloat16)
     x = (3 * torch.randn(4, 7, 64)).to(torch.bfloat16)
     assert torch.equal(ours(x), theirs(x))
+
+
+def test_int8_dtype_quantizes_the_engine_model():
+    """`--dtype int8` loads torchao weight-only int8 linears (the tied head stays float) and
+    decodes; the fused fast paths step aside for quantized weights."""
+    pytest.importorskip("torchao")
+    llm = LLM(_model(CONFIGS["causal, no qk-norm"]), device="cpu", dtype="int8")
+    attn = llm.engine.model.layers[0].attn
+    assert type(attn.q_proj.weight.data) is not torch.Tensor and attn.qkv_fast is None
+    out = llm.generate([_ids(1, 6)[0].tolist()], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4

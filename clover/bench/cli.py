@@ -58,7 +58,8 @@ def _forward(args: argparse.Namespace) -> int:
     from clover.bench.forward import ForwardConfig, plot, render, sweep
 
     given = {k: getattr(args, k) for k in ("precisions", "batch_sizes", "lengths", "context",
-                                           "repeats", "tpf") if getattr(args, k) is not None}
+                                           "repeats", "tpf", "clock")
+             if getattr(args, k) is not None}
     cfg = ForwardConfig(model=args.model or "", out=args.out or "", **given)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,6 +152,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="forward: cached tokens per row before the L new ones (default 256)")
     p.add_argument("--tpf", type=_list(float), default=None,
                    help="forward: TPFs for the predicted dLLM/AR ratio (default 2,4,8,12)")
+    p.add_argument("--clock", default=None, choices=["wall", "cpu"],
+                   help="forward: time by wall clock (default) or this process's CPU time "
+                        "(steadier on a shared machine)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.set_defaults(func=_bench)

@@ -35,6 +35,7 @@ class ForwardConfig:
     context: int = 256
     repeats: int = 5
     tpf: tuple[float, ...] = (2.0, 4.0, 8.0, 12.0)
+    clock: str = "wall"  # wall | cpu (this process's CPU time; see time_forwards)
     out: str = ""
 
     def __post_init__(self) -> None:
@@ -44,7 +45,8 @@ class ForwardConfig:
                   (all(n >= 1 for n in self.lengths), "--lengths", "must be >= 1"),
                   (self.context >= 1, "--context", "must be >= 1"),
                   (self.repeats >= 1, "--repeats", "must be >= 1"),
-                  (all(t > 0 for t in self.tpf), "--tpf", "must be > 0")]
+                  (all(t > 0 for t in self.tpf), "--tpf", "must be > 0"),
+                  (self.clock in ("wall", "cpu"), "--clock", "must be wall or cpu")]
         for ok, flag, why in checks:
             if not ok:
                 raise ValueError(f"{flag} {why}")
@@ -69,11 +71,13 @@ class Point:
 
 @torch.inference_mode()
 def time_forwards(model: CloverModel, batch: int, lengths: tuple[int, ...], context: int,
-                  repeats: int) -> dict[int, list[float]]:
+                  repeats: int, cpu_clock: bool = False) -> dict[int, list[float]]:
     """ms of forwards writing L new tokens after a cached `context` per row, for every L.
 
     The lengths take turns within each repeat (after one warm-up round), so a burst of load
-    from elsewhere on the machine hits every L alike."""
+    from elsewhere on the machine hits every L alike. `cpu_clock`: this process's CPU time
+    instead of wall time (steadier on a shared machine: waiting to be scheduled is left out;
+    with several threads it counts every thread's time)."""
     vocab, device = model.config.vocab_size, next(model.parameters()).device
     cache = KVCache(model.config, batch, context + max(lengths),
                     device=device, dtype=_float_dtype(model))
@@ -82,11 +86,12 @@ def time_forwards(model: CloverModel, batch: int, lengths: tuple[int, ...], cont
     cache.commit(torch.full((batch,), context, device=device))
     ids = {n: torch.randint(3, vocab, (batch, n), device=device) for n in lengths}
     times: dict[int, list[float]] = {n: [] for n in lengths}
+    clock = time.process_time if cpu_clock else time.perf_counter
     for _ in range(repeats + 1):  # the first round is a warm-up
         for n in lengths:
-            t0 = time.perf_counter()
+            t0 = clock()
             model(ids[n], cache=cache)  # writes the same slots each time: the cache never grows
-            times[n].append(1000 * (time.perf_counter() - t0))
+            times[n].append(1000 * (clock() - t0))
     return {n: ts[1:] for n, ts in times.items()}
 
 
@@ -113,7 +118,8 @@ def sweep(cfg: ForwardConfig, progress=print) -> dict:
         weight_bytes, params = streamed_weight_bytes(model), matmul_params(model)
         peak = peaks["matmul_gflops"][str(_float_dtype(model)).removeprefix("torch.")] * 1e9
         for batch in cfg.batch_sizes:
-            runs = time_forwards(model, batch, cfg.lengths, cfg.context, cfg.repeats)
+            runs = time_forwards(model, batch, cfg.lengths, cfg.context, cfg.repeats,
+                                 cfg.clock == "cpu")
             for length, ms in runs.items():
                 mem_ms = 1000 * weight_bytes / (peaks["bandwidth_gbs"] * 1e9)
                 flop_ms = 1000 * 2 * params * batch * length / peak
@@ -124,7 +130,7 @@ def sweep(cfg: ForwardConfig, progress=print) -> dict:
                 progress(f"{precision} B={batch} L={length}: median {points[-1].ms:.1f} ms")
         del model
     return {"bench": "forward", "model": Path(path).name, "context": cfg.context,
-            "repeats": cfg.repeats, "machine": peaks,
+            "repeats": cfg.repeats, "clock": cfg.clock, "machine": peaks,
             "points": [p.as_dict() for p in points],
             "predicted_dllm_over_ar": predicted_ratios(points, cfg.tpf)}
 
@@ -145,7 +151,8 @@ def predicted_ratios(points: list[Point], tpfs: tuple[float, ...]) -> list[dict]
 def render(results: dict) -> str:
     m = results["machine"]
     lines = [f"machine: {features_line(m)}; bandwidth {m['bandwidth_gbs']} GB/s; matmul peak "
-             f"{m['matmul_gflops']} GFLOP/s; context {results['context']} tokens",
+             f"{m['matmul_gflops']} GFLOP/s; context {results['context']} tokens; "
+             f"{results['clock']} clock",
              "precision | batch | L | median ms | best ms | floor ms | roofline | bound"]
     for p in results["points"]:
         lines.append(f"{p['precision']} | {p['batch']} | {p['length']} | {p['ms']} | "
