@@ -124,7 +124,8 @@ def compare(llm: LLM, hf, prompts, new: int, repeats: int, allow_mismatch: bool)
             "clover_cpu_s": med(t_ours, 1), "hf_cpu_s": med(t_theirs, 1),
             "hf_s": med(t_theirs, 0),
             "hf_best_s": min(t[0] for t in t_theirs) if t_theirs else None,
-            "same_tokens": theirs is not None and mismatch is None, "first_mismatch": mismatch}
+            "same_tokens": None if theirs is None else mismatch is None,
+            "first_mismatch": mismatch}
 
 
 def row(dtype: str, batch: int, new: int, res: dict, weight_bytes: int, bandwidth: float) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from clover.bench.machine import features_line, machine_peaks, streamed_weight_bytes
-from clover.bench.quant import PRECISIONS, load_at
+from clover.bench.quant import PRECISIONS, load_model_at
 from clover.model import CloverModel, KVCache
 
 
@@ -113,7 +113,7 @@ def sweep(cfg: ForwardConfig, progress=print) -> dict:
     peaks = machine_peaks()
     points = []
     for precision in cfg.precisions:
-        model, _ = load_at(path, precision, torch.device("cpu"))
+        model = load_model_at(path, precision, torch.device("cpu"))
         model.fuse_projections()
         weight_bytes, params = streamed_weight_bytes(model), matmul_params(model)
         peak = peaks["matmul_gflops"][str(_float_dtype(model)).removeprefix("torch.")] * 1e9

@@ -106,14 +106,28 @@ def load_at(path: str, precision: str, device: torch.device) -> tuple[CloverMode
     """(model, tokenizer) from a model directory at fp32 | bf16 | int8."""
     from clover.checkpoint import load
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"--precisions: unknown precision {precision!r} "
-                         f"(choose from {', '.join(PRECISIONS)}; {INT4_NOTE})")
-    dtype = activation_dtype(precision, device)
-    model, tok = load(path, device=device, dtype=dtype)
+    _check_precision(precision)
+    model, tok = load(path, device=device, dtype=activation_dtype(precision, device))
     if precision == "int8":
         quantize_int8(model)
     return model.eval(), tok
+
+
+def load_model_at(path: str, precision: str, device: torch.device) -> CloverModel:
+    """The model alone (no tokenizer needed) at fp32 | bf16 | int8."""
+    from clover.checkpoint import load_model
+
+    _check_precision(precision)
+    model = load_model(path, device=device, dtype=activation_dtype(precision, device))
+    if precision == "int8":
+        quantize_int8(model)
+    return model.eval()
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precisions: unknown precision {precision!r} "
+                         f"(choose from {', '.join(PRECISIONS)}; {INT4_NOTE})")
 
 
 def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
