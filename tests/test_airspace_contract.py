@@ -124,6 +124,12 @@ def test_the_grammar_agrees_with_the_schemas(tiny_llm):
                        ("radius", {"value": 187052, "unit": "KM"})]:
         call = {"name": "set_no_fly_zone", "arguments": {**GOOD, key: value}}
         assert not _accepts(tiny_llm, format_call(call)), (key, value)
+    polygon = {"zone_id": "Z1", "polygon": ["1214N12212E", "1215N12213E", "1213N12214E"],
+               "start": "2502140400", "end": "2502141030", "schedule": "DAILY 0800-1600"}
+    assert _accepts(tiny_llm, format_call({"name": "set_no_fly_zone", "arguments": polygon}))
+    for bad in ({**polygon, "polygon": polygon["polygon"][:2]},
+                {**polygon, "radius": GOOD["radius"]}, {"zone_id": "Z1", "start": "2502140400"}):
+        assert not _accepts(tiny_llm, format_call({"name": "set_no_fly_zone", "arguments": bad}))
 
 
 @pytest.mark.slow

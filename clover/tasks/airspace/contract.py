@@ -158,32 +158,39 @@ def place_names() -> tuple[str, ...]:
 
 @cache
 def strict_tools() -> list[dict]:
-    """`TOOLS` with the contract enforced. Cached: callers must not mutate it."""
+    """`TOOLS` with the contract enforced: a zone is a circle (`centre` + `radius`) or a polygon
+    (`polygon`: 3 to 40 vertices), one `anyOf` branch each. Cached: callers must not mutate it."""
     tools = copy.deepcopy(TOOLS)
-    params = tools[0]["function"]["parameters"]
-    props: dict[str, Any] = params["properties"]
+    props: dict[str, Any] = dict(tools[0]["function"]["parameters"]["properties"])
     props["zone_id"] = {"type": "string", "minLength": 1, "maxLength": 40}
     props["label"] = {"type": "string", "maxLength": 80}
-    props["centre"] = {"anyOf": [{"type": "string", "pattern": COORDINATES},
-                                 {"enum": list(place_names())}]}
-    props["radius"] = {"anyOf": [
+    centre = {"anyOf": [{"type": "string", "pattern": COORDINATES},
+                        {"enum": list(place_names())}]}
+    radius = {"anyOf": [
         {"type": "object",
          "properties": {"value": {"type": "number", "exclusiveMinimum": 0,
                                   "exclusiveMaximum": MAX_RADIUS_M / LENGTH_UNITS[unit]},
                         "unit": {"const": unit}},
          "required": ["value", "unit"], "additionalProperties": False}
-        for unit in ("NM", "KM", "M")]}
+        for unit in ("NM", "KM", "M")]}  # fmt: skip
+    props["polygon"] = {"type": "array", "items": {"type": "string", "pattern": COORDINATES},
+                        "minItems": 3, "maxItems": 40}
     props["lower"], props["upper"] = _LIMIT, _LIMIT
     props["start"], props["end"] = _TIME, _TIME
+    props["schedule"] = {"type": "string", "minLength": 1, "maxLength": 80}
     props["action"] = {"enum": ["create", "replace", "delete"]}
     props["replaces"] = {"type": "string", "minLength": 1, "maxLength": 40}
-    params["additionalProperties"] = False
+    props["centre"], props["radius"] = centre, radius
+    # in TOOLS' order in both branches: a grammar keeps properties in the order listed
+    circle = {"type": "object", "properties": {k: v for k, v in props.items() if k != "polygon"},
+              "required": ["zone_id", "centre", "radius"], "additionalProperties": False}
+    polygon = {"type": "object", "required": ["zone_id", "polygon"], "additionalProperties": False,
+               "properties": {k: v for k, v in props.items() if k not in ("centre", "radius")}}
+    tools[0]["function"]["parameters"] = {"anyOf": [circle, polygon]}
     clear = tools[1]["function"]["parameters"]
     clear["properties"]["zone_id"] = {"type": "string", "minLength": 1, "maxLength": 40}
     clear["additionalProperties"] = False
     return tools
-
-
 
 
 # ---- grounded: the contract narrowed to one turn's messages --------------------------------------
