@@ -32,6 +32,11 @@ from clover.tasks.airspace.tools import (
     format_call,
 )
 
+# Real public messages with hand-made labels (data/README.md): evaluated beside the generated
+# splits, never trained on, so not in SPLITS and not drawn by generate_examples.
+REAL_DEV = "real-dev"
+REAL_DEV_PATH = Path(__file__).resolve().parent / "data" / "real_dev.jsonl"
+EVAL_SPLITS = (*SPLITS, REAL_DEV)
 BUILDERS = {"icao": icao_notam, "faa": faa_notam, "cn": cn_notice, "plain": plain_notice}
 FAMILY_WEIGHTS = {"icao": 0.34, "faa": 0.26, "cn": 0.18, "plain": 0.22}
 MULTI_TURN_P = 0.08
@@ -123,6 +128,8 @@ def generate_examples(split: str, n: int, seed: int = 0) -> list[Example]:
     """`n` examples of `split` (train / validation / test / heldout); deterministic in the args."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if split == REAL_DEV:
+        raise ValueError(f"{REAL_DEV!r} is real messages, not generated: use split_examples")
     pools = airport_pools(split)
     rng = random.Random(f"airspace:{split}:{seed}")
     families = [f for f in FAMILY_WEIGHTS if pools[f]]
@@ -155,6 +162,14 @@ def _combine(ex_id: str, msgs: list[Msg], history: list | None = None) -> Exampl
         kind="+".join(m.kind for m in msgs), calls=[c for m in msgs for c in m.calls],
         history=history or [], templates=[x for m in msgs for x in m.templates],
     )  # fmt: skip
+
+
+def split_examples(split: str, n: int, seed: int = 0) -> list[Example]:
+    """`n` examples of any split `clover eval` / `bench` / `demo` take: a generated one, or the
+    first `n` of the hand-labelled real messages (`real-dev`; the seed does not apply)."""
+    if split == REAL_DEV:
+        return load_messages_jsonl(REAL_DEV_PATH)[:n]
+    return generate_examples(split, n, seed)
 
 
 # ---- external JSONL ----------------------------------------------------------------------------
@@ -199,5 +214,6 @@ def write_jsonl(records: list[Any], path: str | Path | None = None) -> str:
     return text
 
 
-__all__ = ["SPLITS", "Example", "generate_examples", "reference_calls", "load_messages_jsonl",
-           "write_jsonl", "assistant_text", "example_from_record"]  # fmt: skip
+__all__ = ["SPLITS", "EVAL_SPLITS", "REAL_DEV", "Example", "generate_examples", "split_examples",
+           "reference_calls", "load_messages_jsonl", "write_jsonl", "assistant_text",
+           "example_from_record"]  # fmt: skip

@@ -291,11 +291,9 @@ def _airport_latlon(a: dict) -> tuple[float, float]:
 
 @cache
 def _airport_index() -> tuple[dict, dict[str, str]]:
-    import airportsdata
+    from clover.tasks.airspace.places import CN_AIRPORTS, load_airports
 
-    from clover.tasks.airspace.places import CN_AIRPORTS
-
-    airports = airportsdata.load("ICAO")
+    airports = load_airports()
     by_name = {a["name"].lower(): icao for icao, a in airports.items()}
     by_name.update({names[0].lower(): icao for icao, names in CN_AIRPORTS.items()})
     return airports, by_name
