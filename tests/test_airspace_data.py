@@ -285,3 +285,26 @@ def test_every_decoder_of_the_task_uses_the_answer_budget():
     assert BenchConfig().max_tokens == ANSWER_MAX_TOKENS
     assert DemoConfig().max_tokens == ANSWER_MAX_TOKENS
     assert RECIPES["airspace-tiny"].eval_max_tokens == ANSWER_MAX_TOKENS
+
+
+def test_real_dev_labels_parse_and_score_one_against_themselves():
+    """Every real-dev label reads back through the external form and the scorer: each message's
+    own zones, as calls or as normalised zones, score 1.0; the set has >= 60 messages, a fifth
+    or more ordering no zone, and a source for each."""
+    from clover.tasks.airspace import score, split_examples
+    from clover.tasks.airspace.data import REAL_DEV_PATH
+
+    examples = split_examples("real-dev", 10_000)
+    records = [json.loads(line) for line in REAL_DEV_PATH.read_text("utf-8").splitlines()]
+    assert len(examples) == len(records) >= 60
+    assert sum(e.is_negative for e in examples) >= len(examples) / 5
+    assert all(r["source"] and r["note"] and r["kind"] for r in records)
+    assert len({r["id"] for r in records}) == len(records)
+    preds = [{"zones": [z.to_dict() for z in e.zones]} for e in examples]
+    result = score(preds, examples)
+    assert (result["zone_f1"], result["field_accuracy"], result["exact_message_accuracy"]) == (
+        1.0, 1.0, 1.0)
+    assert result["num_truth_zones"] >= 20
+    assert any(z.polygon for e in examples for z in e.zones)
+    with pytest.raises(ValueError, match="real-dev"):
+        generate_examples("real-dev", 1)
