@@ -6,7 +6,8 @@ tokens and over digit tokens (coordinates, radii and times are digits), then the
 repeat task (`clover.tasks.airspace.recipes.copy_task`: repeat the start of the message),
 broken down by position in the copy. A model that copies gets digits right; one that guesses
 gets the digits a format makes likely. Prompts are rendered with the model's own chat template.
-Prints a table, then one JSON line. Takes seconds, so it can follow a training run checkpoint by checkpoint.
+Prints a table, then one JSON line. Takes seconds, so it can follow a training run checkpoint by
+checkpoint.
 
     python benchmarks/copy_check.py MODEL_DIR [MODEL_DIR ...] [--n 48]
 """
