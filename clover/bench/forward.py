@@ -110,7 +110,7 @@ def sweep(cfg: ForwardConfig, progress=print) -> dict:
     from clover.checkpoint.base import ensure_base
 
     path = cfg.model or str(ensure_base())
-    peaks = machine_peaks()
+    peaks = machine_peaks(cpu_clock=cfg.clock == "cpu")
     points = []
     for precision in cfg.precisions:
         model = load_model_at(path, precision, torch.device("cpu"))

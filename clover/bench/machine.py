@@ -54,26 +54,47 @@ def features_line(features: dict[str, object]) -> str:
 
 
 @torch.inference_mode()
-def memory_bandwidth(mib: int = 256, seconds: float = 1.0) -> float:
-    """Best read bandwidth (bytes/s) of summing a `mib`-MiB fp32 buffer (>> last-level cache)."""
+def memory_bandwidth(mib: int = 256, seconds: float = 1.0, cpu_clock: bool = False) -> float:
+    """Best read bandwidth (bytes/s) of summing a `mib`-MiB fp32 buffer (>> last-level cache).
+
+    cpu_clock: time by this process's CPU time (on a shared machine, comparable with forwards
+    timed the same way; see clover.bench.forward)."""
+    clock = time.process_time if cpu_clock else time.perf_counter
     buf = torch.ones(mib * 2**20 // 4)
     buf.sum()  # fault the pages in
     best, spent = float("inf"), 0.0
     while spent < seconds:
-        t0 = time.perf_counter()
+        t0 = clock()
         buf.sum()
-        took = time.perf_counter() - t0
+        took = clock() - t0
         best, spent = min(best, took), spent + took
     return buf.numel() * 4 / best
 
 
-def machine_peaks(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)) -> dict:
+@torch.inference_mode()
+def matmul_peak_cpu(dtype: torch.dtype, seconds: float = 1.0, cpu_clock: bool = False) -> float:
+    """Best FLOP/s of a 1024-square CPU matmul in `dtype` (`cpu_clock`: as memory_bandwidth)."""
+    if not cpu_clock:
+        return matmul_peak(dtype, torch.device("cpu"), seconds)
+    a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 1024).to(dtype)
+    a @ b  # warm-up
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        t0 = time.process_time()
+        a @ b
+        took = time.process_time() - t0
+        best, spent = min(best, took), spent + took
+    return 2.0 * 1024**3 / best
+
+
+def machine_peaks(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
+                  cpu_clock: bool = False) -> dict:
     """Bandwidth (GB/s) and matmul peak (GFLOP/s per dtype), measured now, plus CPU features."""
-    cpu = torch.device("cpu")
-    return {"bandwidth_gbs": round(memory_bandwidth() / 1e9, 2),
-            "matmul_gflops": {str(d).removeprefix("torch."): round(matmul_peak(d, cpu) / 1e9, 1)
+    return {"bandwidth_gbs": round(memory_bandwidth(cpu_clock=cpu_clock) / 1e9, 2),
+            "matmul_gflops": {str(d).removeprefix("torch."):
+                              round(matmul_peak_cpu(d, cpu_clock=cpu_clock) / 1e9, 1)
                               for d in dtypes},
-            **cpu_features()}
+            "clock": "cpu" if cpu_clock else "wall", **cpu_features()}
 
 
 def streamed_weight_bytes(model: nn.Module) -> int:
