@@ -16,7 +16,7 @@ directly. xgrammar is optional: `pip install --no-deps xgrammar apache-tvm-ffi` 
 dependencies pull in a 1 GB triton that it does not need on a CPU).
 Prints a table, then one JSON line.
 
-    python benchmarks/grammar_backends.py [--model models/clover-tiny] [--n 100]
+    python benchmarks/grammar_backends.py [--model models/clover-smol] [--n 100]
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def summary(r: Result, work: Workload) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="models/clover-tiny",
+    ap.add_argument("--model", default="models/clover-smol",
                     help="model directory whose tokenizer and vocabulary to use")
     ap.add_argument("--n", type=int, default=100, help="test-split examples")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")

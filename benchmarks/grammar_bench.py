@@ -18,7 +18,7 @@ Two tasks (`--task`):
   shipped models were trained to write tool calls, not this object, so free-running outputs are
   rarely valid here: this task measures what the constraint costs on a JSON-schema workload.
 
-    python benchmarks/grammar_bench.py [--model models/clover-tiny] [--n 20] [--tau 0.5 0.7 0.9]
+    python benchmarks/grammar_bench.py [--model models/clover-smol] [--n 20] [--tau 0.5 0.7 0.9]
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def run(llm: LLM, examples, params: SamplingParams, task: str = "tools") -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="models/clover-tiny",
+    ap.add_argument("--model", default="models/clover-smol",
                     help="trained model directory (falls back to random weights if missing)")
     ap.add_argument("--n", type=int, default=20, help="test-split examples")
     ap.add_argument("--tau", type=float, nargs="+", default=[0.5, 0.7, 0.9])

@@ -7,7 +7,7 @@ no request is lost, none gets a 5xx, and every temperature-0 answer equals its s
 Bounded in count and time (`--time-limit`). Prints a table, then one JSON line.
 
     python benchmarks/server_load.py                       # a tiny random model, built in a tmp dir
-    python benchmarks/server_load.py --model models/clover-tiny --requests 1000 --concurrency 32
+    python benchmarks/server_load.py --model models/clover-smol --requests 1000 --concurrency 32
 """
 
 from __future__ import annotations

@@ -622,4 +622,4 @@ def test_serve_without_the_default_model_is_a_clear_error(capsys, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
-    assert "models/clover-tiny" in err and "no such model directory" in err
+    assert "models/clover-smol" in err and "no such model directory" in err

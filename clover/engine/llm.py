@@ -251,7 +251,7 @@ def _trim(rows_BM: list[list], batch: ScheduledBatch) -> list[list]:
 
 @dataclass
 class LLM:
-    """Load a model and decode with it: `LLM("models/clover-tiny").generate(["..."], params)`."""
+    """Load a model and decode with it: `LLM("models/clover-smol").generate(["..."], params)`."""
 
     model: str | Path | CloverModel
     tokenizer: Any | None = None
