@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clover.tasks.airspace.formats import Msg, Turn
+from clover.tasks.airspace.msg_aip import aip_area
 from clover.tasks.airspace.msg_cn import cn_notice
 from clover.tasks.airspace.msg_faa import faa_notam
 from clover.tasks.airspace.msg_icao import icao_notam, icao_replace_pair
@@ -37,8 +38,10 @@ from clover.tasks.airspace.tools import (
 REAL_DEV = "real-dev"
 REAL_DEV_PATH = Path(__file__).resolve().parent / "data" / "real_dev.jsonl"
 EVAL_SPLITS = (*SPLITS, REAL_DEV)
-BUILDERS = {"icao": icao_notam, "faa": faa_notam, "cn": cn_notice, "plain": plain_notice}
-FAMILY_WEIGHTS = {"icao": 0.34, "faa": 0.26, "cn": 0.18, "plain": 0.22}
+BUILDERS = {"icao": icao_notam, "faa": faa_notam, "cn": cn_notice, "plain": plain_notice,
+            "aip": aip_area}
+FAMILY_WEIGHTS = {"icao": 0.31, "faa": 0.24, "cn": 0.16, "plain": 0.19, "aip": 0.10}
+POOL_OF = {"aip": "icao"}  # the AIP entries are written over the ICAO families' airports
 MULTI_TURN_P = 0.08
 ACK_REPLY = "Done."
 # Room for one assistant answer, in tokens: the longest gold answer of any split is 843 tokens
@@ -132,7 +135,7 @@ def generate_examples(split: str, n: int, seed: int = 0) -> list[Example]:
         raise ValueError(f"{REAL_DEV!r} is real messages, not generated: use split_examples")
     pools = airport_pools(split)
     rng = random.Random(f"airspace:{split}:{seed}")
-    families = [f for f in FAMILY_WEIGHTS if pools[f]]
+    families = [f for f in FAMILY_WEIGHTS if pools[POOL_OF.get(f, f)]]
     weights = [FAMILY_WEIGHTS[f] for f in families]
     if not families:
         raise ValueError(f"split {split!r} has no airports")

@@ -1,7 +1,8 @@
 """Chinese public-security temporary no-fly notices (临时禁飞通告), local time UTC+8: a circle
 around a point or an airport named in Chinese, a polygon of 北纬/东经 points, one or two areas,
-heights as 真高 / 高度 ... 米以下; and public-security notices that order no zone (reminders,
-road closures) as negatives."""
+heights as 真高 / 高度 ... 米以下; and notices that order no zone the tools can draw (reminders,
+road closures, and no-fly orders around a named venue, a district or a race route, which give
+no coordinates: `data/README.md`, "unlocatable") as negatives."""
 
 from __future__ import annotations
 
@@ -47,10 +48,17 @@ NEGATIVES = (
     "{city}公安局交通警察支队\n{date}",
     "关于开展无人机实名登记工作的通告\n凡在本市范围内持有无人驾驶航空器的单位和个人，应当按照规定"
     "进行实名登记。\n{city}公安局\n{date}",
+    "{city}公安局关于{event}期间无人机禁飞的通告\n{time}，以{venue}为中心向四周辐射{r}公里范围及其"
+    "上空，禁止无人机等“低慢小”航空器飞行。\n{city}公安局\n{date}",
+    "关于{event}期间实施临时空中管制的通告\n{time}，在{city}行政区域内，高度从地面至无限高，划设临时"
+    "空中限制区，禁止一切“低慢小”航空器飞行活动。\n{city}公安局\n{date}",
+    "关于{event}期间实施临时禁飞的通告\n{time}，{road}、{road2}合围区域及赛事路线沿线周边200米范围内"
+    "禁止升降无人机。\n{city}公安局\n{date}",
     "关于{event}期间加强烟花爆竹燃放管理的通告\n{time}，{road}周边禁止燃放烟花爆竹。\n{city}公安局"
     "\n{date}",
 )  # fmt: skip
 ROADS = ("人民路", "解放大道", "滨江路", "中山路", "世纪大道", "长江路")
+VENUES = ("市体育中心", "奥林匹克体育中心", "国际会展中心", "市民广场", "大剧院")
 
 
 def cn_time(t: Turn) -> tuple[str, When]:
@@ -108,9 +116,10 @@ def cn_notice(t: Turn) -> Msg:
     event = f"{city.rstrip('市')}{rng.choice(EVENTS)}"
     issued = when.start_utc - timedelta(days=rng.randint(2, 10))
     date = f"{issued.year}年{issued.month}月{issued.day}日"
-    if rng.random() < 0.15:
+    if rng.random() < 0.22:
         text = t.wording("cn.negative", NEGATIVES).format(
-            city=city, event=event, time=time_text, road=rng.choice(ROADS), date=date)
+            city=city, event=event, time=time_text, road=rng.choice(ROADS), date=date,
+            road2=rng.choice(ROADS), venue=rng.choice(VENUES), r=rng.choice((1, 2, 3, 5)))
         return Msg(text=text, kind="cn_negative", templates=t.used[:])
     msg = Msg(text="", kind="cn_notice")
     n = 2 if rng.random() < 0.15 else 1

@@ -75,6 +75,20 @@ NEGATIVES = (
     ("bird", ("!{acct} {num} {loc} AD AP BIRD ACT INCREASED {t1}-{t2}",
               "!{acct} {num} {loc} AD AP WILDLIFE HAZARD DEER ON AND INVOF RWY {rwy1} {t1}-{t2}",
               "!{acct} {num} {loc} AD AP BIRD HAZARD LARGE FLOCKS OF WATERFOWL {t1}-{t2}")),
+    ("lights", ("!{acct} {num} {loc} RWY {rwy1} ALS OUT OF SERVICE {t1}-{t2}",
+                "!{acct} {num} {loc} RWY {rwy1} VASI OUT OF SERVICE {t1}-{t2}",
+                "!{acct} {num} {loc} RWY {rwy1} RWY STATUS LGT SYSTEM OUT OF SERVICE {t1}-{t2}",
+                "!{acct} {num} {loc} RWY {rwy1} LEAD OFF LGT FOR TWY {twy2} OBSC {t1}-{t2}")),
+    ("unsafe", ("!{acct} {num} {loc} RWY {rwy} UNSAFE DISABLED ACFT {t1}-{t2}",
+                "!{acct} {num} {loc} RWY {rwy} UNSAFE BREAKS IN ASPH {t1}-{t2}")),
+    ("airspace_hours", ("!{acct} {num} {loc} AIRSPACE CLASS D SFC AREA HR CHANGED TO DLY "
+                        "0700-2100 {t1}-{t2}",
+                        "!{acct} {num} {loc} AIRSPACE CLASS E SFC AREA HR CHANGED TO MONFRI "
+                        "0615-2100, SAT 0830-1700 {t1}-{t2}")),
+    ("chart", ("!FDC {fnum} FDC CHART CORRECT U.S. GOVERNMENT IFR ENROUTE LOW ALTITUDE CHART "
+               "L-{n}, PANEL C... V{n} MEA SHOULD BE 8600. {t1}-PERM",
+               "!FDC {fnum} FDC CHART CORRECT IFR ENROUTE LOW ALTITUDE CHART L-{n}... NAME OF "
+               "WAYPOINT LOCATED AT {c} SHOULD READ {sid}. {t1}-PERM")),
     ("procedure", ("!FDC {fnum} {loc} IAP {city}, RNAV (GPS) RWY {rwy1}, AMDT 2... LPV DA 820/"
                    "24 {t1}-{t2}",
                    "!FDC {fnum} {loc} ODP {city}, TAKEOFF MINIMUMS AND (OBSTACLE) DEPARTURE "

@@ -201,7 +201,9 @@ def _geom_text(t: Turn, area: Area) -> str:
 
 def _radius_text(rng: random.Random, r: Radius) -> str:
     unit = "MTR" if r.unit == "M" and rng.random() < 0.5 else r.unit
-    return f"{num_text(r.value)}{' ' if rng.random() < 0.25 else ''}{unit}"
+    value = num_text(r.value)
+    value = value.replace(".", ",") if rng.random() < 0.1 else value  # decimal comma
+    return f"{value}{' ' if rng.random() < 0.25 else ''}{unit}"
 
 
 def _heights_text(t: Turn, lower: LimitSpec, upper: LimitSpec) -> str:
@@ -245,6 +247,21 @@ def _notam_id(rng: random.Random, year: int) -> str:
     return f"{rng.choice('ABCDW')}{rng.randint(1, 9999):04d}/{year % 100:02d}"
 
 
+LAYOUTS = ("items", "labelled", "items", "items")
+LABELS = {"A)": "A) Location indicator:", "B)": "B) Start of validity:",
+          "C)": "C) End of validity:", "D)": "D) Schedule of activity:", "E)": "E) NOTAM text:",
+          "F)": "F) Lower limit:", "G)": "G) Upper limit:"}  # fmt: skip
+
+
+def _labelled(ad: str, when: When, kind: str, e: str, fg: str) -> str:
+    """A) ... G) one per line with their names, as national briefing portals print them."""
+    c = "PERM" if when.end is None else when.end
+    lines = [f"A) {ad}", f"B) {when.start}"] + ([] if kind == "C" else [f"C) {c}"])
+    lines += [f"D) {when.schedule or ''}".rstrip(), f"E) {e}"]
+    lines += [x.strip() for x in fg.replace(" G)", "\nG)").split("\n") if x.strip()]
+    return "\n".join(LABELS[x[:2]] + x[2:] for x in lines)
+
+
 HEADERS = ("", "", "", "GG {fir}ZZZX\n{dtg} {ad}YNYX\n", "CREATED: {day} SOURCE: EUECYIYN\n",
            "NOTAM {ad}\n")  # fmt: skip
 
@@ -266,6 +283,8 @@ def _assemble(t: Turn, header: str, q: str, ad: str, when: When, kind: str, e: s
     fg = "" if skip_fg else f"\nF) {lower.notam()}" + ("\n" if rng.random() < 0.3 else " ") + (
         f"G) {upper.notam()}")
     body = f"{header}\n{q}\n{abc}\n{d}E) {wrap(rng, e, 0.25, keep)}{fg}"
+    if t.wording("icao.layout", LAYOUTS) == "labelled":  # a briefing portal's item labels
+        body = f"{header}\n{q}\n" + _labelled(ad, when, kind, e, fg)
     body = f"({body})" if rng.random() < 0.35 else body
     head = t.wording("icao.header", HEADERS)
     return head.format(fir=q[3:7], dtg=f"{rng.randint(10, 31)}{rng.randint(0, 2359):04d}",

@@ -35,6 +35,8 @@ COORDS = ("dms_sym", "dms_ascii", "dec_signed", "dec_hemi", "dec_plain", "dms_sp
 EVENTS = ("music festival", "air show", "state visit", "marathon", "royal visit",
           "firework display", "football match", "summit", "film shoot")  # fmt: skip
 CIRCLE_NOTICES = (
+    "Between {t1} and {t2}, no aircraft is to fly below {up} within the area bounded by a "
+    "circle having a radius of {r} whose centre is at {c}.{sched}",
     "TEMPORARY DRONE RESTRICTION - {place}\nUnmanned aircraft must not be flown within {r} of "
     "{c} between {t1} and {t2}, from the surface up to {up}.{sched}",
     "Flight Restriction Zone: {place} {event}\nCentre: {c}\nRadius: {r}\nLimits: {lo} to {up}\n"
