@@ -1,5 +1,7 @@
 """The engine against its references: exact cache, policies' invariants, EOS, batching, sampling."""
 
+import time
+
 import pytest
 import torch
 
@@ -254,6 +256,23 @@ def test_max_tokens_and_stats():
         assert s.generated_tokens == 7 and s.tpf == 7 / s.forwards and s.first_block_s > 0
     stats = llm.engine.stats.as_dict()
     assert stats["model_s"] > 0 and 0 <= stats["overhead_share"] < 1
+
+
+def test_step_time_split_covers_each_step():
+    """model + policy + grammar + other is the steps' own wall time (the laps leave no gap and
+    count nothing twice); without a constraint, grammar time is only the loop that finds none."""
+    llm = LLM(_sharpen(_model("block")), device="cpu")
+    engine = llm.engine
+    for prompt in PROMPTS:
+        engine.add_request(prompt, SamplingParams(max_tokens=12, tau=0.5))
+    stepped = 0.0
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        engine.step()
+        stepped += time.perf_counter() - t0
+    s = engine.stats
+    assert min(s.model_s, s.policy_s, s.other_s) > 0 and s.grammar_s < 0.1 * s.model_s
+    assert 0.9 * stepped < s.wall_s <= stepped
 
 
 def test_bad_requests_are_clear_errors():
