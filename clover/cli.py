@@ -120,6 +120,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from clover.checkpoint.cli import register
+
+    register(sub)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from clover.bench.cli import register
 
@@ -133,7 +139,8 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "engine": _add_engine,  # generate / chat
     "serve": _add_serve,  # OpenAI-compatible HTTP server
     "train": _add_train,
-    "bench": _add_bench,  # sweep dLLM vs AR: quality, speed, memory, plots, report
+    "bench": _add_bench,
+    "convert": _add_convert,  # foreign checkpoints in (HF, GGUF) and out (HF)  # sweep dLLM vs AR: quality, speed, memory, plots, report
 }
 
 
