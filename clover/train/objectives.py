@@ -220,8 +220,7 @@ def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noi
     cache.valid_BS[:, :P] = True
     cache.length_B[:] = P
     cache.end = P
-    rest = Batch(*(x[:, P:] if x.ndim == 2 else x for x in _fields(batch)))
-    rest.length_B = batch.length_B - P
+    rest = batch.from_position(P)
     tail = Noise(noise.xt_BL[:, P:], noise.masked_BL[:, P:], noise.t_BL[:, P:])
     return cache, out.moe, rest, tail
 
@@ -230,10 +229,6 @@ def _spread(kv_1GPD: Tensor, B: int, room: int) -> Tensor:
     """The prefix's keys for every row, followed by empty slots (a new tensor: autograd-safe)."""
     free = kv_1GPD.new_zeros(B, kv_1GPD.shape[1], room, kv_1GPD.shape[3])
     return torch.cat([kv_1GPD.expand(B, -1, -1, -1), free], 2)
-
-
-def _fields(batch: Batch) -> list[Tensor]:
-    return [getattr(batch, f) for f in batch.__dataclass_fields__]
 
 
 def _cache_end(P: int, valid_BS: Tensor) -> int:
