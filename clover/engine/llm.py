@@ -127,8 +127,9 @@ class Engine:
         self.clock.lap("other_s")
         run = self.runner.run(batch)
         self.clock.lap("model_s", sync=True)
-        self._mask_logits(run, batch)
-        self.clock.lap("grammar_s")
+        if any(p.request.constraint is not None for p in batch.rows):
+            self._mask_logits(run, batch)
+            self.clock.lap("grammar_s")  # none without a grammar: exactly 0 unconstrained
         proposal = self._propose(run, batch)
         commits = self._select(proposal, batch)
         tokens = _by_row(proposal.tokens_BM.tolist(), batch)
