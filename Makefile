@@ -1,4 +1,6 @@
-# Clover: `make demo` runs the main job, `make test` runs the whole suite. Both set up the venv.
+# Clover: `make demo` runs the main job, `make test` runs the whole suite (slow tests included).
+# Both set up the venv. For a quick loop while coding: `make test-fast`, i.e.
+# `.venv/bin/python -m pytest -q -m "not slow"` (skips the tests marked @pytest.mark.slow).
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTHON ?= python3
@@ -7,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup base test demo serve lint clean
+.PHONY: setup base test test-fast demo serve lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,7 +39,10 @@ lint: setup
 	$(VENV)/bin/ruff check clover tests benchmarks
 
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 demo: setup
 	$(VENV)/bin/clover demo airspace

@@ -145,7 +145,10 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from clover import __version__
+
     parser = argparse.ArgumentParser(prog="clover", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"clover {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS.values():
         add(sub)

@@ -1,11 +1,16 @@
-"""Masked-diffusion math: forward process, weighted loss, SFT masking, AR loss."""
+"""Masked-diffusion math: noise levels, forward process, the weighted loss, the sharpening term."""
 
 import math
 
 import torch
 import torch.nn.functional as F
 
-from clover.model.diffusion import ar_loss, mask_tokens, masked_diffusion_loss, response_mask
+from clover.model.diffusion import (
+    confident_entropy_sum,
+    mask_tokens,
+    masked_diffusion_loss_sum,
+    sample_block_t,
+)
 
 
 def test_mask_rate_follows_t_and_respects_maskable():
@@ -18,40 +23,48 @@ def test_mask_rate_follows_t_and_respects_maskable():
     assert abs(rates[1] - 0.25) < 0.03 and abs(rates[2] - 0.5) < 0.03
     assert torch.equal(xt[masked], torch.full_like(xt[masked], 2))
     assert torch.equal(xt[~masked], x0[~masked])
-    maskable = response_mask(torch.tensor([10, 20, 30, 40]), 5000)
+    maskable = torch.arange(5000)[None, :] >= torch.tensor([10, 20, 30, 40])[:, None]
     _, masked = mask_tokens(x0, torch.ones(4), 2, maskable_BL=maskable, gen=gen)
     assert not masked[0, :10].any() and masked[0, 10:].all()
 
 
-def test_masked_loss_is_weighted_ce_over_token_count():
-    """Hand-computed: sum over masked positions of CE / t, divided by the token count."""
+def test_mask_tokens_with_given_draws_masks_exactly_where_u_below_t():
+    """Training draws u per row from the row's own seed: u < t masks, u >= t keeps."""
+    x0 = torch.tensor([[5, 6, 7, 8]])
+    u = torch.tensor([[0.1, 0.6, 0.4, 0.9]])
+    xt, masked = mask_tokens(x0, torch.tensor([[0.5, 0.5, 0.3, 1.0]]), 2, u_BL=u)
+    assert masked.tolist() == [[True, False, False, True]]
+    assert xt.tolist() == [[2, 6, 7, 2]]
+
+
+def test_block_levels_are_constant_per_block():
+    t = sample_block_t(7, 4, gen=torch.Generator().manual_seed(0))
+    assert t.shape == (8,) and ((t >= 1e-3) & (t <= 1)).all()
+    assert (t[:4] == t[0]).all() and (t[4:] == t[4]).all() and t[0] != t[4]
+    one = sample_block_t(7, 7, gen=torch.Generator().manual_seed(0))
+    assert one.shape == (7,) and (one == one[0]).all()
+
+
+def test_masked_loss_is_ce_over_t_summed():
+    """Hand-computed: sum over masked positions of CE / t."""
     logits = torch.randn(2, 3, 7)
     x0 = torch.randint(0, 7, (2, 3))
     masked = torch.tensor([[True, False, True], [False, False, True]])
-    t = torch.tensor([0.5, 0.25])
+    t = torch.tensor([[0.5] * 3, [0.25] * 3])
     expected = 0.0
     for b in range(2):
         for i in range(3):
             if masked[b, i]:
                 ce = -F.log_softmax(logits[b, i], -1)[x0[b, i]]
-                expected += float(ce) / float(t[b])
-    got = masked_diffusion_loss(logits, x0, masked, t, num_tokens=6)
-    assert math.isclose(float(got), expected / 6, rel_tol=1e-5)
+                expected += float(ce) / float(t[b, i])
+    got = masked_diffusion_loss_sum(logits[masked], x0[masked], t[masked])
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
 
 
-def test_response_mask():
-    m = response_mask(torch.tensor([2, 0]), 4)
-    assert m.tolist() == [[False, False, True, True], [True, True, True, True]]
-
-
-def test_ar_loss_shifts_targets():
-    """Position i predicts token i+1; with a perfect predictor the loss is ~0."""
-    ids = torch.tensor([[4, 5, 6, 7]])
-    logits = torch.full((1, 4, 10), -50.0)
-    for i in range(3):
-        logits[0, i, ids[0, i + 1]] = 50.0
-    assert float(ar_loss(logits, ids)) < 1e-6
-    logits[0, 2] = 0.0  # position 2 now uniform: only counts if target 3 is in the mask
-    keep = torch.tensor([[False, True, True, False]])
-    assert float(ar_loss(logits, ids, keep)) < 1e-6
-    assert math.isclose(float(ar_loss(logits, ids)), math.log(10) / 3, rel_tol=1e-4)
+def test_confident_entropy_counts_only_positions_already_right():
+    logits_NV = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 3.0]])
+    targets_N = torch.tensor([0, 2, 2])  # right, wrong, right
+    p0 = torch.softmax(logits_NV[0], 0)
+    p2 = torch.softmax(logits_NV[2], 0)
+    want = -(p0 * p0.log()).sum() - (p2 * p2.log()).sum()
+    assert torch.allclose(confident_entropy_sum(logits_NV, targets_N), want)

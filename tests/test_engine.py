@@ -1,5 +1,7 @@
 """The engine against its references: exact cache, policies' invariants, EOS, batching, sampling."""
 
+import time
+
 import pytest
 import torch
 
@@ -123,28 +125,28 @@ def test_threshold_and_topk_semantics():
 
 
 def test_engine_never_rewrites_a_committed_position(monkeypatch):
-    """Watch every block between steps: a committed token never changes or returns to mask."""
+    """Around every update: a position that held a token before holds the same token after
+    (it never changes or returns to mask); only masked positions get commits."""
     model = _sharpen(_model("block"))
     llm = LLM(model, device="cpu")
     sched = llm.engine.scheduler
-    seen: dict[str, list[int]] = {}
     original = sched.update
+    filled = []
 
     def checked(batch, tokens, commits, experts=0.0):
-        for plan in batch.rows:
-            r = plan.request
-            before = seen.get(r.request_id)
-            if before is not None and len(before) == len(r.block):
-                for old, new in zip(before, r.block, strict=True):
-                    assert old == r.mask_id or old == new
+        before = {p.request.request_id: p.request.seq + p.request.block for p in batch.rows}
         done = original(batch, tokens, commits, experts)
         for plan in batch.rows:
-            seen[plan.request.request_id] = list(plan.request.block)
+            r = plan.request
+            old, new = before[r.request_id], r.seq + r.block
+            assert all(t == r.mask_id or new[i] == t for i, t in enumerate(old))
+            filled.append(sum(t == r.mask_id and new[i] != t for i, t in enumerate(old)))
         return done
 
     monkeypatch.setattr(sched, "update", checked)
     for policy in POLICIES:
         llm.generate(PROMPTS, SamplingParams(max_tokens=16, policy=policy, tau=0.6))
+    assert len(filled) > 20 and sum(filled) > 0
 
 
 @pytest.mark.parametrize("mode", ["block", "causal"])
@@ -254,6 +256,23 @@ def test_max_tokens_and_stats():
         assert s.generated_tokens == 7 and s.tpf == 7 / s.forwards and s.first_block_s > 0
     stats = llm.engine.stats.as_dict()
     assert stats["model_s"] > 0 and 0 <= stats["overhead_share"] < 1
+
+
+def test_step_time_split_covers_each_step():
+    """model + policy + grammar + other is the steps' own wall time (the laps leave no gap and
+    count nothing twice); no grammar time at all without a constraint."""
+    llm = LLM(_sharpen(_model("block")), device="cpu")
+    engine = llm.engine
+    for prompt in PROMPTS:
+        engine.add_request(prompt, SamplingParams(max_tokens=12, tau=0.5))
+    stepped = 0.0
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        engine.step()
+        stepped += time.perf_counter() - t0
+    s = engine.stats
+    assert min(s.model_s, s.policy_s, s.other_s) > 0 and s.grammar_s == 0
+    assert 0.9 * stepped < s.wall_s <= stepped
 
 
 def test_bad_requests_are_clear_errors():

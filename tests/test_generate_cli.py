@@ -14,7 +14,9 @@ from clover.checkpoint import save
 from clover.cli import build_parser, main
 from clover.config import get_preset
 from clover.engine import LLM, SamplingParams
-from clover.engine.cli import print_reply, sampling_params, with_tool_calls
+from clover.engine.cli import print_reply
+from clover.engine.flags import sampling_params
+from clover.engine.llm import with_tool_calls
 from clover.engine.request import RequestOutput, RequestStats
 from clover.model import build_model
 from clover.tokenizer import format_tool_call, train_tokenizer
@@ -186,3 +188,13 @@ def test_console_script_end_to_end(model_dir):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["request_id"] == "req-0"
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    """`clover --version` answers with clover.__version__ (the version pyproject.toml reads)."""
+    import clover
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"clover {clover.__version__}"

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from clover.config import get_preset
 from clover.model import ModelOutput, build_model
-from clover.model.diffusion import ar_loss, noisy_clean_visibility, sample_block_t
+from clover.model.diffusion import noisy_clean_visibility
 from clover.train import (
     Collator,
     TrainConfig,
@@ -30,7 +30,7 @@ from clover.train import (
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
 from clover.train.loop import close_distributed
-from clover.train.objectives import Noise, ObjectiveModule, clean_noise, confident_entropy_sum
+from clover.train.objectives import Noise, ObjectiveModule, clean_noise
 
 
 def toy_examples(n: int, seed: int = 0, vocab: int = 40) -> list:
@@ -84,17 +84,19 @@ def test_full_diffusion_matches_hand_computed(shift):
     assert math.isclose(float(got), expected, rel_tol=1e-5)
 
 
-def test_causal_objective_matches_ar_loss():
-    """The causal sum over response targets / their count is `ar_loss` with the response mask."""
+def test_causal_objective_matches_hand_computed():
+    """sum over targets i of CE(logits at i - 1, x_i): the next-token loss, response only."""
     cfg = tiny("causal")
     table = torch.randn(2, 6, cfg.vocab_size)
     batch = default_collator(cfg)([sft_example([5, 6, 7], [8, 9, 1]), sft_example([9], [10, 1])],
                                   [0, 1])
-    got = causal(TableModel(table), cfg, batch, batch_noise(batch, cfg)).loss_sum
-    expected = ar_loss(table, batch.ids_BL, batch.target_BL)
-    assert math.isclose(float(got) / batch.num_targets, float(expected), rel_tol=1e-5)
     assert batch.target_BL.tolist() == [[False, False, False, True, True, True],
                                         [False, True, True, False, False, False]]
+    expected = 0.0
+    for b, i in batch.target_BL.nonzero().tolist():
+        expected += -float(F.log_softmax(table[b, i - 1], -1)[batch.ids_BL[b, i]])
+    got = causal(TableModel(table), cfg, batch, batch_noise(batch, cfg)).loss_sum
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
 
 
 @pytest.mark.parametrize(("shift", "token_conv"), [(False, 0), (True, 0), (False, 3), (True, 3)])
@@ -179,7 +181,8 @@ def test_shared_prefix_matches_unshared(mode, shift, conv):
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
                                 if p.grad is not None]))
     assert torch.allclose(losses[0], losses[1], rtol=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    # float sums in another order: embed.weight grads (|g| up to ~6) differ by ~1e-6
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     if mode == "block":
         ref = block_diffusion_reference(model, cfg, batch, noise).loss_sum
         assert torch.allclose(losses[0], ref, rtol=1e-5)
@@ -211,8 +214,6 @@ def test_block_noise_levels_are_per_block_and_batch_independent():
     assert torch.equal(full.t_BL[2, :n], alone.t_BL[0])
     t_blocks = full.t_BL.view(5, -1, cfg.block_size)
     assert torch.equal(t_blocks, t_blocks[..., :1].expand_as(t_blocks))
-    t = sample_block_t(torch.arange(8)[None], 4, gen=torch.Generator().manual_seed(0))
-    assert t[0, 0] == t[0, 3] and t[0, 4] == t[0, 7] and t[0, 0] != t[0, 4]
 
 
 def test_sft_never_masks_prompt_and_fills_eos_to_block_boundary():
@@ -290,15 +291,6 @@ def test_tiny_model_learns_toy_task(mode):
     before = trainer.validate()
     after = trainer.fit()["val_loss"]
     assert after < 0.75 * before, (before, after)
-
-
-def test_confident_entropy_counts_only_positions_already_right():
-    logits_NV = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 3.0]])
-    targets_N = torch.tensor([0, 2, 2])  # right, wrong, right
-    p0 = torch.softmax(logits_NV[0], 0)
-    p2 = torch.softmax(logits_NV[2], 0)
-    want = -(p0 * p0.log()).sum() - (p2 * p2.log()).sum()
-    assert torch.allclose(confident_entropy_sum(logits_NV, targets_N), want)
 
 
 def test_sharpening_lowers_entropy_on_the_same_budget():

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from clover.bench.config import BenchConfig, Point, flag, grid, run_order
-from clover.bench.probe import ForwardProbe, active_matmul_params, matmul_peak, max_rss
+from clover.bench.probe import ForwardProbe, active_matmul_params, matmul_peak
 from clover.bench.quant import (
     INT4_NOTE,
     WeightReport,
@@ -35,6 +35,7 @@ from clover.bench.quant import (
 )
 from clover.engine import LLM
 from clover.engine.llm import resolve_device
+from clover.engine.stats import max_rss
 from clover.model import CloverModel
 from clover.tasks.airspace import TOOLS, load_messages_jsonl, score, split_examples
 from clover.tasks.airspace.agent import AgentRun, initial_conversation, predictions, run_agent

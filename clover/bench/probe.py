@@ -10,7 +10,6 @@ forward's achieved FLOP/s can be read as a fraction of what the hardware does at
 from __future__ import annotations
 
 import os
-import resource
 import time
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import torch
 
 from clover.config import ModelConfig
 from clover.engine import Engine
+from clover.engine.stats import max_rss
 from clover.model import CloverModel
 
 
@@ -83,10 +83,6 @@ def current_rss() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return max_rss()
-
-
-def max_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 @torch.inference_mode()

@@ -7,8 +7,6 @@ requests, steps until they finish and returns `RequestOutput`s in input order, w
 
 from __future__ import annotations
 
-import resource
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,44 +20,8 @@ from clover.engine.request import Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
 from clover.engine.sampler import RowSampling, propose
 from clover.engine.scheduler import ScheduledBatch, Scheduler
+from clover.engine.stats import EngineStats, StepClock
 from clover.model import CloverModel, build_model
-
-
-@dataclass
-class EngineStats:
-    """Totals over the engine's life (reset with `reset`): where the wall time went."""
-
-    steps: int = 0
-    forwards: int = 0
-    generated_tokens: int = 0
-    tokens_processed: int = 0
-    model_s: float = 0.0
-    policy_s: float = 0.0  # sampler + policy
-    grammar_s: float = 0.0  # constraint masks and frontier checks
-    other_s: float = 0.0  # scheduling, tensor building, bookkeeping
-    unique_experts_sum: float = 0.0
-    rows_sum: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        wall = self.model_s + self.policy_s + self.grammar_s + self.other_s
-        return {"steps": self.steps, "forwards": self.forwards,
-                "generated_tokens": self.generated_tokens,
-                "tpf": round(self.generated_tokens / max(self.forwards, 1), 4),
-                "tokens_processed_per_forward": round(self.tokens_processed
-                                                      / max(self.forwards, 1), 2),
-                "mean_batch_rows": round(self.rows_sum / max(self.steps, 1), 2),
-                "model_s": round(self.model_s, 4), "policy_s": round(self.policy_s, 4),
-                "grammar_s": round(self.grammar_s, 4), "other_s": round(self.other_s, 4),
-                "overhead_share": round((wall - self.model_s) / wall, 4) if wall else 0.0,
-                "unique_experts_per_forward": round(self.unique_experts_sum
-                                                    / max(self.forwards, 1), 2),
-                "peak_memory_bytes": peak_memory()}
-
-
-def peak_memory() -> int:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return int(torch.cuda.max_memory_allocated())
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def resolve_device(device: str) -> torch.device:
@@ -101,10 +63,11 @@ class Engine:
         self.max_model_len = max_model_len or self.config.max_seq_len
         # the cache starts small and grows (keeping its contents) as requests need more slots
         self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256))
-        self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check)
+        self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check, self._verify)
         self.stats = EngineStats()
         self.policies = {name: cls() for name, cls in POLICIES.items()}
-        self._sync = self.runner.device.type == "cuda"
+        self.clock = StepClock(torch.cuda.synchronize if self.runner.device.type == "cuda"
+                               else None)
         self._next_id = 0
 
     # ---- requests -------------------------------------------------------------------------------
@@ -159,32 +122,31 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Request]:
-        """One denoising step for every running request; returns the ones that finished."""
-        t0 = time.perf_counter()
+        """One denoising step for every running request; returns the ones that finished.
+
+        DESIGN.md's five lines; each `lap` files the time since the previous one under a part of
+        the stats, and `_record` collects the step's stats in one place.
+        """
+        self.clock.start()
         batch = self.scheduler.schedule()
         if not batch.rows:
             return []
-        t1 = time.perf_counter()
+        self.clock.lap("other_s")
         run = self.runner.run(batch)
-        if self._sync:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        self._apply_constraints(run, batch)
-        mask_s = time.perf_counter() - t2
+        self.clock.lap("model_s", sync=True)
+        if any(p.request.constraint is not None for p in batch.rows):
+            self._mask_logits(run, batch)
+            self.clock.lap("grammar_s")  # none without a grammar: exactly 0 unconstrained
         proposal = self._propose(run, batch)
-        commit_BM = self._select(proposal, batch)
-        tokens, commits = proposal.tokens_BM.tolist(), commit_BM.tolist()
-        t3 = time.perf_counter()
-        done = self.scheduler.update(batch, _trim(tokens, batch), _trim(commits, batch),
-                                     run.unique_experts)
+        commits = self._select(proposal, batch)
+        tokens = _by_row(proposal.tokens_BM.tolist(), batch)
+        self.clock.lap("policy_s")
+        done = self.scheduler.update(batch, tokens, commits, run.unique_experts)
         self.runner.release([r.row for r in done])
-        check_s, self.scheduler.constraint_s = self.scheduler.constraint_s, 0.0
-        self._account(batch, run, done, sched_s=t1 - t0, model_s=t2 - t1,
-                      policy_s=t3 - t2 - mask_s, update_s=time.perf_counter() - t3 - check_s,
-                      grammar_s=mask_s + check_s)
+        self._record(batch, run, done)
         return done
 
-    def _apply_constraints(self, run: RunOutput, batch: ScheduledBatch) -> None:
+    def _mask_logits(self, run: RunOutput, batch: ScheduledBatch) -> None:
         """Let each constrained row forbid what its grammar rejects at the frontier."""
         start = 0
         for p in batch.rows:
@@ -195,47 +157,44 @@ class Engine:
             start += n
 
     def _propose(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:
-        rows = [RowSampling(p.request.params.temperature, p.request.params.top_p,
-                            p.request.params.top_k, p.request.generator) for p in batch.rows]
-        tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id)
-        B, M = len(batch.rows), max(len(p.masked) for p in batch.rows)
-        index = (run.row_N, run.col_N)
-        pad = lambda x, fill: torch.full((B, M), fill, dtype=x.dtype,
-                                         device=x.device).index_put_(index, x)
+        """The sampler's proposals laid out [B, M] by row, with each row's policy knobs."""
         params = [p.request.params for p in batch.rows]
-        as_t = lambda xs, dt: torch.tensor(xs, dtype=dt, device=tokens_N.device)
+        rows = [RowSampling(q.temperature, q.top_p, q.top_k, p.request.generator)
+                for q, p in zip(params, batch.rows, strict=True)]
+        tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id)
         steps_left = [max(q.steps_per_block - p.request.steps_in_block, 1)
                       for q, p in zip(params, batch.rows, strict=True)]
-        return Proposal(pad(tokens_N, 0), pad(conf_N, 0.0), pad(ent_N, 0.0),
-                        pad(torch.ones_like(tokens_N, dtype=torch.bool), False),
-                        as_t([q.tau for q in params], torch.float32),
-                        as_t([q.gamma for q in params], torch.float32),
-                        as_t(steps_left, torch.long))
+        per_row = self.runner.per_row
+        return Proposal(run.by_row(tokens_N, 0), run.by_row(conf_N, 0.0), run.by_row(ent_N, 0.0),
+                        run.masked_BM, per_row([q.tau for q in params], torch.float32),
+                        per_row([q.gamma for q in params], torch.float32),
+                        per_row(steps_left, torch.long))
 
-    def _select(self, p: Proposal, batch: ScheduledBatch) -> torch.Tensor:
+    def _select(self, p: Proposal, batch: ScheduledBatch) -> list[list[bool]]:
+        """Each row's commits, chosen by the policy the row's request asked for."""
         names = [r.request.params.policy for r in batch.rows]
         if len(set(names)) == 1:
-            return self.policies[names[0]].select(p)
-        commit_BM = torch.zeros_like(p.masked_BM)
-        for name in set(names):
-            rows = torch.tensor([i for i, n in enumerate(names) if n == name])
-            sub = Proposal(*(getattr(p, f)[rows] for f in p.__dataclass_fields__))
-            commit_BM[rows] = self.policies[name].select(sub)
-        return commit_BM
+            commit_BM = self.policies[names[0]].select(p)
+        else:
+            commit_BM = torch.zeros_like(p.masked_BM)
+            for name in set(names):
+                rows = [i for i, n in enumerate(names) if n == name]
+                commit_BM[rows] = self.policies[name].select(p.take(rows))
+        return _by_row(commit_BM.tolist(), batch)
 
-    def _account(self, batch, run, done, sched_s, model_s, policy_s, update_s,
-                 grammar_s) -> None:
-        s = self.stats
-        s.steps += 1
-        s.forwards += 1
-        s.rows_sum += len(batch.rows)
-        s.tokens_processed += sum(len(p.tokens) for p in batch.rows)
-        s.model_s += model_s
-        s.policy_s += policy_s
-        s.other_s += sched_s + update_s
-        s.grammar_s += grammar_s
-        s.unique_experts_sum += run.unique_experts
-        s.generated_tokens += sum(r.stats.generated_tokens for r in done)
+    def _verify(self, r: Request) -> None:
+        """The scheduler's grammar check of a row's commits, timed as grammar work."""
+        self.clock.lap("other_s")
+        r.constraint.after_commit(r)
+        self.clock.lap("grammar_s")
+
+    def _record(self, batch: ScheduledBatch, run: RunOutput, done: list[Request]) -> None:
+        self.clock.lap("other_s")
+        self.stats.add_step(rows=len(batch.rows),
+                            tokens_processed=sum(len(p.tokens) for p in batch.rows),
+                            unique_experts=run.unique_experts,
+                            generated_tokens=sum(r.stats.generated_tokens for r in done),
+                            laps=self.clock.laps)
 
     def _stop_check(self, r: Request) -> str | None:
         if self.tokenizer is None:
@@ -245,7 +204,19 @@ class Engine:
         return text[:min(hits)] if hits else None
 
 
-def _trim(rows_BM: list[list], batch: ScheduledBatch) -> list[list]:
+def with_tool_calls(out: RequestOutput) -> None:
+    """Fill a chat output's content / tool_calls / errors from its text; a stop that ends on
+    tool calls becomes finish reason `tool_calls`."""
+    from clover.tokenizer import parse_tool_calls
+
+    parsed = parse_tool_calls(out.text)
+    out.tool_calls, out.content, out.errors = parsed.tool_calls, parsed.content, parsed.errors
+    if parsed.tool_calls and out.finish_reason == "stop":
+        out.finish_reason = "tool_calls"
+
+
+def _by_row(rows_BM: list[list], batch: ScheduledBatch) -> list[list]:
+    """[B, M] as lists, each row cut to its own masked positions."""
     return [row[:len(p.masked)] for row, p in zip(rows_BM, batch.rows, strict=True)]
 
 
@@ -302,18 +273,14 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,
              tools: list[dict] | None = None) -> list[RequestOutput]:
         """Render conversations with the chat template, decode, parse tool calls."""
-        from clover.tokenizer import parse_tool_calls, render_chat
+        from clover.tokenizer import render_chat
 
         self._need_tokenizer()
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [render_chat(self.tokenizer, c, tools=tools) for c in convs]
         outputs = self.generate([self.tokenizer.encode(p) for p in prompts], params)
         for out in outputs:
-            parsed = parse_tool_calls(out.text)
-            out.tool_calls, out.content = parsed.tool_calls, parsed.content
-            out.errors = parsed.errors
-            if parsed.tool_calls and out.finish_reason == "stop":
-                out.finish_reason = "tool_calls"
+            with_tool_calls(out)
         return outputs
 
     def _need_tokenizer(self) -> None:

@@ -27,6 +27,12 @@ class Proposal:
     gamma_B: Tensor
     steps_left_B: Tensor  # denoising steps left in the block (topk schedule), >= 1
 
+    def take(self, rows: list[int]) -> Proposal:
+        """The proposal of some rows only (for the policy those rows asked for)."""
+        return Proposal(self.tokens_BM[rows], self.conf_BM[rows], self.entropy_BM[rows],
+                        self.masked_BM[rows], self.tau_B[rows], self.gamma_B[rows],
+                        self.steps_left_B[rows])
+
 
 class Policy(Protocol):
     def select(self, p: Proposal) -> Tensor:

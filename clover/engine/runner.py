@@ -2,10 +2,13 @@
 
 It owns the model and the KV cache, turns a `ScheduledBatch` (plain lists) into padded tensors,
 runs one forward with logits only where a masked position needs them, and commits each row's
-exact cache prefix. Tensors in, logits out; it knows nothing about policies or tokenizers.
+exact cache prefix. Tensors in, logits out; it knows nothing about policies or tokenizers. It also
+builds the few other device tensors a step needs: per-position values laid out by row
+(`RunOutput.by_row`) and per-row values (`per_row`).
 """
 
-# Shapes: B rows, L padded input length, N positions needing logits, V vocab
+# Shapes: B rows, L padded input length, N positions needing logits, M masked positions per row
+# (padded), V vocab
 
 from __future__ import annotations
 
@@ -25,6 +28,12 @@ class RunOutput:
     col_N: Tensor  # its index among that row's masked positions
     row_of: list[int]
     unique_experts: float  # mean over MoE layers of experts touched in this forward
+    masked_BM: Tensor  # True where (row, column) is a real masked position
+
+    def by_row(self, x_N: Tensor, fill: float | int) -> Tensor:
+        """Per-position values laid out [B, M] by row; `fill` where a row has fewer positions."""
+        out_BM = torch.full(self.masked_BM.shape, fill, dtype=x_N.dtype, device=x_N.device)
+        return out_BM.index_put_((self.row_N, self.col_N), x_N)
 
 
 class ModelRunner:
@@ -66,8 +75,15 @@ class ModelRunner:
         row_of = [b for b, p in enumerate(batch.rows) for _ in p.logits_at]
         col = [j for p in batch.rows for j in range(len(p.logits_at))]
         experts = float(out.moe.unique_experts.float().mean()) if out.moe is not None else 0.0
+        M = max(len(p.masked) for p in batch.rows)
+        masked = [[j < len(p.masked) for j in range(M)] for p in batch.rows]
         return RunOutput(out.logits, torch.tensor(row_of, device=self.device),
-                         torch.tensor(col, device=self.device), row_of, experts)
+                         torch.tensor(col, device=self.device), row_of, experts,
+                         self.per_row(masked, torch.bool))
+
+    def per_row(self, values: list, dtype: torch.dtype) -> Tensor:
+        """Plain values (one per row, or one list per row) as a tensor on the model's device."""
+        return torch.tensor(values, dtype=dtype, device=self.device)
 
     def _inputs(self, batch: ScheduledBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         B, L = len(batch.rows), max(len(p.tokens) for p in batch.rows)
@@ -82,8 +98,8 @@ class ModelRunner:
                 need[b][j] = True
         start_B = torch.tensor([p.start for p in batch.rows], device=self.device)
         pos_BL = start_B[:, None] + torch.arange(L, device=self.device)
-        as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=self.device)
-        return as_t(ids, torch.long), pos_BL, as_t(valid, torch.bool), as_t(need, torch.bool)
+        return (self.per_row(ids, torch.long), pos_BL, self.per_row(valid, torch.bool),
+                self.per_row(need, torch.bool))
 
     def _commit(self, batch: ScheduledBatch, rows: list[int]) -> None:
         commits = [(r, p.commit_len) for r, p in zip(rows, batch.rows, strict=True)

@@ -42,19 +42,25 @@ class ScheduledBatch:
 
 
 StopCheck = Callable[[Request], str | None]  # returns the text cut at a stop string, or None
+Verify = Callable[[Request], None]  # checks a constrained request's commits (see constraint.py)
+
+
+def after_commit(r: Request) -> None:
+    """The default `Verify`: the request's constraint checks its committed run."""
+    r.constraint.after_commit(r)
 
 
 class Scheduler:
     def __init__(self, config: ModelConfig, max_batch_size: int,
-                 stop_check: StopCheck | None = None) -> None:
+                 stop_check: StopCheck | None = None, verify: Verify = after_commit) -> None:
         self.config = config
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_rows = list(range(max_batch_size))
         self.stop_check = stop_check
+        self.verify = verify  # the engine passes one that times the grammar work
         self.shift = 1 if config.attention == "causal" else int(config.shift_logits)
         self.stop_ids = {config.eos_id}
-        self.constraint_s = 0.0  # time spent in constraint checks (grammar), for the stats
 
     # ---- admission ------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -152,7 +158,9 @@ class Scheduler:
                     r.block[j] = t
             self._eos_fill(r)
             if r.constraint is not None:
-                self._check_constraint(r)
+                # rejected tokens are re-masked and forced ones filled in, so a block only
+                # completes once all of it is verified
+                self.verify(r)
                 stop_ids = self.stop_ids | set(r.params.stop_token_ids)
                 r.eos_seen = any(t in stop_ids for t in r.block)
             if r.mask_id not in r.block:
@@ -169,13 +177,6 @@ class Scheduler:
         r.steps_in_block += 1
         if plan.commit_len is not None:
             r.cache_len = plan.commit_len
-
-    def _check_constraint(self, r: Request) -> None:
-        """Verify the committed run from the grammar frontier; rejected tokens are re-masked and
-        forced ones filled in, so a block only completes once all of it is verified."""
-        t0 = time.perf_counter()
-        r.constraint.after_commit(r)
-        self.constraint_s += time.perf_counter() - t0
 
     def _eos_fill(self, r: Request) -> None:
         """After a committed EOS, the rest of the block is padding: fill it with EOS."""

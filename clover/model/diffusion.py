@@ -1,10 +1,12 @@
-"""Masked-diffusion math as small pure functions, shared by training and decoding.
+"""Masked-diffusion math as small pure functions: the one implementation training uses.
 
-Forward process, the masked-diffusion loss (MDLM / LLaDA form), response-only masking for SFT and
-the autoregressive loss. No module state, no model calls: tensors in, tensors out.
+Forward process (noise levels, masking), the masked-diffusion loss (MDLM / LLaDA form), the
+confidence-sharpening term and the attention layout of vectorised block-diffusion training.
+No module state, no model calls: tensors in, tensors out. `clover.train.objectives` wires these
+into one objective per attention mode; decoding needs none of them (it only reverses the process).
 """
 
-# Shapes: B batch, L length, V vocab
+# Shapes: B batch, L length, M noisy columns, N selected positions, V vocab
 
 from __future__ import annotations
 
@@ -13,69 +15,64 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def sample_t(batch: int, *, eps: float = 1e-3, gen: torch.Generator | None = None,
+def sample_t(num: int, *, eps: float = 1e-3, gen: torch.Generator | None = None,
              device: torch.device | str = "cpu") -> Tensor:
-    """Noise levels t ~ U[eps, 1], one per row (eps keeps the 1/t weight finite)."""
-    return eps + (1 - eps) * torch.rand(batch, generator=gen, device=device)
+    """`num` noise levels t ~ U[eps, 1] (eps keeps the 1/t weight finite)."""
+    return eps + (1 - eps) * torch.rand(num, generator=gen, device=device)
+
+
+def sample_block_t(length: int, block_size: int, *, eps: float = 1e-3,
+                   gen: torch.Generator | None = None) -> Tensor:
+    """Noise levels for one row of `length` tokens: one level per block, repeated over the block's
+    positions: [ceil(length / block_size) * block_size].
+
+    Block diffusion (BD3-LM) trains every block at its own level, as decoding meets them; a
+    block_size >= length gives the row a single level (MDLM / LLaDA over the whole sequence).
+    """
+    num_levels = -(-length // block_size)
+    return sample_t(num_levels, eps=eps, gen=gen).repeat_interleave(block_size)
 
 
 def mask_tokens(x0_BL: Tensor, t: Tensor, mask_id: int, *, maskable_BL: Tensor | None = None,
+                u_BL: Tensor | None = None,
                 gen: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Forward process q(x_t | x_0): each maskable token independently becomes [MASK] w.p. t.
 
-    t is [B] (one level per row) or [B, L] (e.g. one level per block). Returns (x_t, masked_BL).
+    t is [B] (one level per row) or [B, L] (e.g. one level per block). u_BL holds the uniform
+    draws (drawn here from `gen` when None): token i is masked where u_i < t_i.
+    Returns (x_t, masked_BL).
     """
     t_BL = t[:, None].expand_as(x0_BL) if t.ndim == 1 else t
-    u_BL = torch.rand(x0_BL.shape, generator=gen, device=x0_BL.device)
+    if u_BL is None:
+        u_BL = torch.rand(x0_BL.shape, generator=gen, device=x0_BL.device)
     masked_BL = u_BL < t_BL
     if maskable_BL is not None:
         masked_BL &= maskable_BL
     return torch.where(masked_BL, mask_id, x0_BL), masked_BL
 
 
-def masked_diffusion_loss(logits_BLV: Tensor, x0_BL: Tensor, masked_BL: Tensor, t: Tensor,
-                          num_tokens: int | Tensor) -> Tensor:
-    """L = (1 / num_tokens) * sum_{masked i} -log p(x0_i | x_t) / t_i.
+def masked_diffusion_loss_sum(logits_NV: Tensor, x0_N: Tensor, t_N: Tensor) -> Tensor:
+    """sum_n -log p(x0_n | x_t) / t_n over the N masked positions; fp32 whatever the logits dtype.
 
-    The 1/t weight makes this an upper bound on the negative log-likelihood (MDLM, LLaDA eq. 3).
-    num_tokens is the count of tokens that *could* be masked (all, or the response in SFT), so the
-    loss is per token and independent of how many happened to be masked.
+    Divided by the number of tokens that *could* be masked (all, or the response in SFT), this is
+    the MDLM / LLaDA (eq. 3) upper bound on the negative log-likelihood per token; the training
+    loop divides by that count over the whole global batch. With t = 1 it is the plain
+    cross-entropy sum (the AR loss, read at shifted positions).
     """
-    t_BL = t[:, None].expand_as(x0_BL) if t.ndim == 1 else t
-    ce = F.cross_entropy(logits_BLV[masked_BL].float(), x0_BL[masked_BL], reduction="none")
-    return (ce / t_BL[masked_BL]).sum() / max(float(num_tokens), 1.0)
+    ce_N = F.cross_entropy(logits_NV.float(), x0_N, reduction="none")
+    return (ce_N * (1.0 / t_N)).sum()
 
 
-def response_mask(prompt_len_B: Tensor, length: int) -> Tensor:
-    """SFT: True on response positions (>= the row's prompt length), which alone may be masked."""
-    pos_L = torch.arange(length, device=prompt_len_B.device)
-    return pos_L[None, :] >= prompt_len_B[:, None]
+def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
+    """sum over n with argmax(logits_n) == target_n of the entropy of softmax(logits_n).
 
-
-def ar_loss(logits_BLV: Tensor, ids_BL: Tensor, loss_mask_BL: Tensor | None = None) -> Tensor:
-    """Next-token loss: mean over positions i of -log p(x_{i+1} | x_<=i), over counted targets.
-
-    loss_mask_BL marks which *target* tokens count (e.g. response only in SFT).
+    The confidence-sharpening term (dParallel, LLaDA2.0-CAP): where the model is already right,
+    lowering this entropy makes it confident enough to commit in parallel.
     """
-    logits = logits_BLV[:, :-1].float()
-    targets = ids_BL[:, 1:]
-    ce_BL = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-    if loss_mask_BL is None:
-        return ce_BL.mean()
-    keep = loss_mask_BL[:, 1:].to(ce_BL.dtype)
-    return (ce_BL * keep).sum() / keep.sum().clamp_min(1.0)
-
-
-def sample_block_t(pos_BL: Tensor, block_size: int, *, eps: float = 1e-3,
-                   gen: torch.Generator | None = None) -> Tensor:
-    """One noise level per block (block = pos // block_size), broadcast to its positions: [B, L].
-
-    Block diffusion (BD3-LM) trains every block at its own level, as decoding meets them.
-    """
-    block_BL = torch.div(pos_BL, block_size, rounding_mode="floor")
-    num_blocks = int(block_BL.max()) + 1 if block_BL.numel() else 1
-    t_BN = sample_t(pos_BL.shape[0] * num_blocks, eps=eps, gen=gen, device=pos_BL.device)
-    return t_BN.view(-1, num_blocks).gather(1, block_BL)
+    logp_NV = F.log_softmax(logits_NV.float(), -1)
+    entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+    right_N = logits_NV.argmax(-1) == targets_N
+    return (entropy_N * right_N).sum()
 
 
 def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int) -> Tensor:

@@ -60,6 +60,11 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
+    def from_position(self, start: int) -> Batch:
+        """The batch without its first `start` positions (a shared prefix run apart)."""
+        return Batch(self.ids_BL[:, start:], self.pos_BL[:, start:], self.valid_BL[:, start:],
+                     self.target_BL[:, start:], self.seed_B, self.length_B - start)
+
 
 @dataclass(kw_only=True)
 class Collator:

@@ -7,6 +7,7 @@ at a time with the model's own block mask, and a test keeps them equal. `full`: 
 over the whole sequence. `causal`: next-token loss. Sums (not means) let the loop normalise by the
 target count of the whole global batch, so gradient accumulation and DDP give the same update as
 one big batch. Noise is drawn per row from the row's own seed, independent of batch composition.
+The math itself (noise levels, masking, the weighted loss) is `clover.model.diffusion`'s.
 """
 
 # Shapes: B batch, L length, M noisy columns, V vocab, N selected positions
@@ -17,11 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
-from clover.model.diffusion import noisy_clean_visibility
+from clover.model.diffusion import (
+    confident_entropy_sum,
+    mask_tokens,
+    masked_diffusion_loss_sum,
+    noisy_clean_visibility,
+    sample_block_t,
+)
 from clover.model.moe import MoEStats
 from clover.model.transformer import KVCache, visibility
 from clover.train.data import Batch
@@ -53,36 +59,20 @@ def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
     length, so the same example at the same step gets the same noise in any batch or process.
     """
     B, L = batch.ids_BL.shape
-    per_block = config.attention == "block"
+    block_size = config.block_size if config.attention == "block" else L
     t_BL = torch.ones(B, L)
     u_BL = torch.ones(B, L)  # padding never masked
     for b in range(B):
         n = int(batch.length_B[b])
         gen = torch.Generator().manual_seed(int(batch.seed_B[b]))
-        num_levels = -(-n // config.block_size) if per_block else 1
-        t_K = eps + (1 - eps) * torch.rand(num_levels, generator=gen)
-        t_row = t_K.repeat_interleave(config.block_size)[:L] if per_block else t_K.expand(L)
+        t_row = sample_block_t(n, block_size, eps=eps, gen=gen)[:L]
         t_BL[b, :t_row.numel()] = t_row
         u_BL[b, :n] = torch.rand(n, generator=gen)
     device = batch.ids_BL.device
-    t_BL, u_BL = t_BL.to(device), u_BL.to(device)
-    masked_BL = (u_BL < t_BL) & batch.target_BL
-    xt_BL = torch.where(masked_BL, config.mask_id, batch.ids_BL)
+    t_BL = t_BL.to(device)
+    xt_BL, masked_BL = mask_tokens(batch.ids_BL, t_BL, config.mask_id,
+                                   maskable_BL=batch.target_BL, u_BL=u_BL.to(device))
     return Noise(xt_BL, masked_BL, t_BL)
-
-
-def weighted_ce_sum(logits_NV: Tensor, targets_N: Tensor, weight_N: Tensor) -> Tensor:
-    """sum_n weight_n * -log p(target_n); fp32 whatever the logits dtype."""
-    ce_N = F.cross_entropy(logits_NV.float(), targets_N, reduction="none")
-    return (ce_N * weight_N).sum()
-
-
-def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
-    """sum over n with argmax(logits_n) == target_n of the entropy of softmax(logits_n)."""
-    logp_NV = F.log_softmax(logits_NV.float(), -1)
-    entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
-    right_N = logits_NV.argmax(-1) == targets_N
-    return (entropy_N * right_N).sum()
 
 
 def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise,
@@ -90,8 +80,9 @@ def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise
     """Loss for logits taken where src_BS >= 0; src holds the flat index of the target predicted."""
     flat = src_BS[src_BS >= 0]
     targets_N = batch.ids_BL.reshape(-1)[flat]
-    return LossOutput(weighted_ce_sum(logits_NV, targets_N, 1.0 / noise.t_BL.reshape(-1)[flat]),
-                      moe, confident_entropy_sum(logits_NV, targets_N))
+    t_N = noise.t_BL.reshape(-1)[flat]
+    return LossOutput(masked_diffusion_loss_sum(logits_NV, targets_N, t_N), moe,
+                      confident_entropy_sum(logits_NV, targets_N))
 
 
 def _flat_index(masked_BL: Tensor) -> Tensor:
@@ -150,8 +141,9 @@ def block_diffusion_reference(model: nn.Module, config: ModelConfig, batch: Batc
         logits_BLV = model(ids, batch.pos_BL[:, :end], valid_BL=batch.valid_BL[:, :end]).logits
         for b, i in noise.masked_BL[:, start:end].nonzero().tolist():
             j = start + i
-            total = total + weighted_ce_sum(logits_BLV[b, j - shift][None],
-                                            batch.ids_BL[b, j][None], 1.0 / noise.t_BL[b, j][None])
+            total = total + masked_diffusion_loss_sum(logits_BLV[b, j - shift][None],
+                                                      batch.ids_BL[b, j][None],
+                                                      noise.t_BL[b, j][None])
     return LossOutput(total, None)
 
 
@@ -228,8 +220,7 @@ def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noi
     cache.valid_BS[:, :P] = True
     cache.length_B[:] = P
     cache.end = P
-    rest = Batch(*(x[:, P:] if x.ndim == 2 else x for x in _fields(batch)))
-    rest.length_B = batch.length_B - P
+    rest = batch.from_position(P)
     tail = Noise(noise.xt_BL[:, P:], noise.masked_BL[:, P:], noise.t_BL[:, P:])
     return cache, out.moe, rest, tail
 
@@ -238,10 +229,6 @@ def _spread(kv_1GPD: Tensor, B: int, room: int) -> Tensor:
     """The prefix's keys for every row, followed by empty slots (a new tensor: autograd-safe)."""
     free = kv_1GPD.new_zeros(B, kv_1GPD.shape[1], room, kv_1GPD.shape[3])
     return torch.cat([kv_1GPD.expand(B, -1, -1, -1), free], 2)
-
-
-def _fields(batch: Batch) -> list[Tensor]:
-    return [getattr(batch, f) for f in batch.__dataclass_fields__]
 
 
 def _cache_end(P: int, valid_BS: Tensor) -> int:
