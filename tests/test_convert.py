@@ -218,3 +218,13 @@ def test_export_refuses_a_family_that_cannot_express_the_model(converted, tmp_pa
     _, path = converted("olmoe")
     with pytest.raises(CheckpointError, match="not expressible as a Qwen3-MoE checkpoint"):
         export_hf(path, tmp_path / "x", family="qwen3_moe")
+
+
+def test_sharded_directory_converts_like_one_file(converted, tmp_path):
+    """A checkpoint saved in shards (+ model.safetensors.index.json) gives the same tensors."""
+    ref, path = converted("qwen3_moe")
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    stored, sharded = read_state(path), read_state(convert(tmp_path / "sharded", tmp_path / "c"))
+    assert sharded.keys() == stored.keys()
+    assert all(torch.equal(sharded[k], stored[k]) for k in stored)

@@ -170,3 +170,27 @@ def test_gguf_tokenizer_and_template_travel(tiny_gguf, tmp_path):
                          tools=[{"name": "draw", "parameters": {"type": "object"}}])
     assert prompt.startswith("<|im_start|>system\nBe brief.") and '"name": "draw"' in prompt
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_cli_converts_adds_a_mask_token_and_exports(tiny_gguf, tmp_path, capsys):
+    """`clover convert --mask-token` appends <|mask|> as a new row holding the mean embedding
+    (old rows, and so old logits, untouched); `--to hf` then writes a Llama directory."""
+    from transformers import AutoModelForCausalLM
+
+    from clover.cli import main
+
+    path, tensors, tok = tiny_gguf
+    vocab = tok.get_vocab_size()
+    assert main(["convert", str(path), str(tmp_path / "masked"), "--mask-token"]) == 0
+    model, our_tok = load(tmp_path / "masked")
+    assert model.config.vocab_size == vocab + 1 == len(our_tok)
+    assert model.config.mask_id == our_tok.convert_tokens_to_ids("<|mask|>") == vocab
+    embed = model.embed.weight.detach()
+    assert torch.equal(embed[:vocab], tensors["model.embed_tokens.weight"])
+    torch.testing.assert_close(embed[vocab], embed[:vocab].mean(0))
+    assert main(["convert", "--to", "hf", str(tmp_path / "masked"), str(tmp_path / "hf")]) == 0
+    assert str(tmp_path / "hf") in capsys.readouterr().out
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    ids = torch.tensor([[5, 17, 42, vocab]])
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids).logits, atol=1e-5, rtol=0)

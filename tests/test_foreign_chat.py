@@ -188,3 +188,16 @@ def test_padded_vocabulary_reserves_a_padding_row_as_mask_id(tmp_path, smol_toke
     src = hf_dir_with_template(tmp_path / "hf", smol_tokenizer_dir, CHATML_PLAIN, vocab=49280)
     config = load_config(convert(src, tmp_path / "clover"))
     assert (config.vocab_size, config.mask_id, config.eos_id) == (49280, 49152, 2)
+
+
+def test_mask_token_takes_the_first_padding_row(tmp_path, smol_tokenizer_dir):
+    """--mask-token on a padded embedding reuses the first padding row (no new row): it holds
+    the mean of the real token rows and the tokenizer maps <|mask|> to it."""
+    from clover.checkpoint import load
+
+    src = hf_dir_with_template(tmp_path / "hf", smol_tokenizer_dir, CHATML_PLAIN, vocab=49280)
+    model, tok = load(convert(src, tmp_path / "clover", mask_token=True))
+    assert model.config.vocab_size == 49280
+    assert model.config.mask_id == tok.convert_tokens_to_ids("<|mask|>") == 49152
+    embed = model.embed.weight.detach()
+    torch.testing.assert_close(embed[49152], embed[:49152].mean(0))

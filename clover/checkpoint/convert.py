@@ -120,24 +120,27 @@ def reserved_id(config: ModelConfig, num_tokens: int) -> int:
 
 
 def add_mask_token(config: ModelConfig, state: dict[str, torch.Tensor], tokenizer):
-    """Append `<|mask|>` as a new token whose embedding is the mean of all token embeddings.
+    """Add `<|mask|>` as a new token whose embedding is the mean of the real token embeddings.
 
     The mean row sits in the middle of the embedding cloud, so a masked position starts as an
     "average token" rather than a real one; with a tied head its own logit starts near the mean
-    logit, and the engine never samples the mask id anyway. Returns the new config.
+    logit, and the engine never samples the mask id anyway. The token takes the first padding
+    row when the embedding is larger than the tokenizer (Qwen), else one new row is appended
+    (SmolLM2). Returns the new config.
     """
     if MASK_TOKEN in tokenizer.get_vocab():
         raise CheckpointError(f"the tokenizer already has {MASK_TOKEN}")
     tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if mask_id != config.vocab_size:
-        raise CheckpointError(f"{MASK_TOKEN} got id {mask_id}, expected {config.vocab_size}")
-    embed = state["embed.weight"]
-    state["embed.weight"] = torch.cat([embed, embed.mean(0, keepdim=True)])
-    if "lm_head.weight" in state:
-        head = state["lm_head.weight"]
-        state["lm_head.weight"] = torch.cat([head, head.mean(0, keepdim=True)])
-    return config.replace(vocab_size=config.vocab_size + 1, mask_id=mask_id)
+    if mask_id > config.vocab_size:
+        raise CheckpointError(f"{MASK_TOKEN} got id {mask_id}, beyond the embedding's "
+                              f"{config.vocab_size} rows")
+    for key in ("embed.weight", "lm_head.weight"):
+        if key in state:
+            rows = state[key]
+            mean = rows[:mask_id].mean(0, keepdim=True)
+            state[key] = torch.cat([rows[:mask_id], mean, rows[mask_id + 1:]])
+    return config.replace(vocab_size=max(config.vocab_size, mask_id + 1), mask_id=mask_id)
 
 
 def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
