@@ -228,3 +228,28 @@ def test_sharded_directory_converts_like_one_file(converted, tmp_path):
     stored, sharded = read_state(path), read_state(convert(tmp_path / "sharded", tmp_path / "c"))
     assert sharded.keys() == stored.keys()
     assert all(torch.equal(sharded[k], stored[k]) for k in stored)
+
+
+def test_keymap_split_stack_and_zeros_round_trip():
+    """A fused QKV (unequal parts: GQA), per-expert keys and a zero-filled key go to Clover and
+    back unchanged; the export refuses a zero-filled key that is no longer zero."""
+    from clover.checkpoint.keymap import Split, from_clover_state, to_clover_state
+
+    keymap = {"blk.{}.qkv": Split("l.{}.q", "l.{}.k", "l.{}.v", dim=0),
+              "blk.{}.exp.{}.w": "l.{}.experts[{}]"}
+    expected = {"l.0.q": torch.empty(4, 2), "l.0.k": torch.empty(2, 2), "l.0.v": torch.empty(2, 2),
+                "l.0.experts": torch.empty(3, 5), "l.0.bias": torch.empty(3)}
+    source = {"blk.0.qkv": torch.randn(8, 2), **{f"blk.0.exp.{e}.w": torch.randn(5)
+                                                  for e in range(3)}}
+    state = to_clover_state(source, keymap, expected, zeros=["l.{}.bias"])
+    assert torch.equal(state["l.0.k"], source["blk.0.qkv"][4:6])
+    assert torch.equal(state["l.0.experts"][2], source["blk.0.exp.2.w"])
+    assert not state["l.0.bias"].any()
+    back = from_clover_state(state, keymap, zeros=["l.{}.bias"])
+    assert back.keys() == source.keys() and all(torch.equal(back[k], source[k]) for k in source)
+    state["l.0.bias"][0] = 1.0
+    with pytest.raises(CheckpointError, match="'l.0.bias' is not zero"):
+        from_clover_state(state, keymap, zeros=["l.{}.bias"])
+    del source["blk.0.exp.1.w"]
+    with pytest.raises(CheckpointError, match=r"l\.0\.experts\[1\]"):
+        to_clover_state(source, keymap, expected, zeros=["l.{}.bias"])

@@ -105,8 +105,8 @@ def invert(keymap: KeyMap) -> KeyMap:
 # ---- tensors ------------------------------------------------------------------------------------
 
 def to_clover_state(tensors: Mapping[str, torch.Tensor], keymap: KeyMap,
-              expected: Mapping[str, torch.Tensor], *, zeros: Iterable[str] = (),
-              where: str = "checkpoint") -> dict[str, torch.Tensor]:
+                    expected: Mapping[str, torch.Tensor], *, zeros: Iterable[str] = (),
+                    where: str = "checkpoint") -> dict[str, torch.Tensor]:
     """The Clover state dict (every key of `expected`, same shapes) from source tensors."""
     filled = _zero_keys(expected, zeros)
     names = rename(tensors, keymap, set(expected) - set(filled), where=where)
@@ -192,7 +192,7 @@ def _stack(key: str, parts: dict[int, torch.Tensor], count: int, where: str) -> 
 
 def _check_split(tensor: torch.Tensor, sizes: list[int], rule: Split, src: str,
                  where: str) -> None:
-    if tensor.ndim <= rule.dim % max(tensor.ndim, 1) or tensor.shape[rule.dim] != sum(sizes):
+    if not -tensor.ndim <= rule.dim < tensor.ndim or tensor.shape[rule.dim] != sum(sizes):
         raise CheckpointError(f"{where}: key {src!r} has shape {tuple(tensor.shape)}; splitting it "
                               f"into {rule.parts} needs {sum(sizes)} along dim {rule.dim}")
 
