@@ -18,11 +18,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import llama
-from clover.checkpoint.keymap import CheckpointError, invert, rename
+from clover.checkpoint import llama, olmoe, qwen2, qwen3, qwen3_moe
+from clover.checkpoint.keymap import CheckpointError, from_clover_state, to_clover_state
 from clover.config import ModelConfig
 
-FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama}
+# model_type -> family module (config_from_hf, config_to_hf, KEYS; optional ALT_KEYS: other
+# layouts of the same tensors, read on import only; optional ZEROS: Clover keys no source holds)
+FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama, "qwen2": qwen2,
+                                   "qwen3": qwen3, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
@@ -89,12 +92,9 @@ def to_clover(hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
     expected = build_model(config, device="meta").state_dict()
     if config.tie_embeddings and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # tied copy
-    names = rename(tensors, family.KEYS, expected, where=where)
-    state = {dst: tensors[src] for src, dst in names.items()}
-    for key, like in expected.items():
-        if tuple(state[key].shape) != tuple(like.shape):
-            raise CheckpointError(f"{where}: key {key!r} has shape {tuple(state[key].shape)}, "
-                                  f"the config expects {tuple(like.shape)}")
+    keymap = {**family.KEYS, **getattr(family, "ALT_KEYS", {})}
+    state = to_clover_state(tensors, keymap, expected, zeros=getattr(family, "ZEROS", ()),
+                            where=where)
     return config, state
 
 
@@ -105,25 +105,42 @@ def chat_template_with_tools(tokenizer) -> None:
         tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
 
 
+def reserved_id(config: ModelConfig, num_tokens: int) -> int:
+    """The id Clover's engine reserves as its mask sentinel in a converted AR model.
+
+    The engine marks undecided positions with `mask_id` and never samples it, so for an AR model
+    it must be an id no text needs: the first padding row when the embedding is larger than the
+    tokenizer (Qwen: 151936 rows, 151665 tokens), else the family mapping's spare id (the lowest
+    id that is neither eos nor pad; SmolLM2: 0, `<|endoftext|>`: chats end with `<|im_end|>`, but
+    a plain-text continuation that transformers would end there goes on instead).
+    """
+    if config.attention == "causal" and num_tokens < config.vocab_size:
+        return num_tokens
+    return config.mask_id
+
+
 def add_mask_token(config: ModelConfig, state: dict[str, torch.Tensor], tokenizer):
-    """Append `<|mask|>` as a new token whose embedding is the mean of all token embeddings.
+    """Add `<|mask|>` as a new token whose embedding is the mean of the real token embeddings.
 
     The mean row sits in the middle of the embedding cloud, so a masked position starts as an
     "average token" rather than a real one; with a tied head its own logit starts near the mean
-    logit, and the engine never samples the mask id anyway. Returns the new config.
+    logit, and the engine never samples the mask id anyway. The token takes the first padding
+    row when the embedding is larger than the tokenizer (Qwen), else one new row is appended
+    (SmolLM2). Returns the new config.
     """
     if MASK_TOKEN in tokenizer.get_vocab():
         raise CheckpointError(f"the tokenizer already has {MASK_TOKEN}")
     tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if mask_id != config.vocab_size:
-        raise CheckpointError(f"{MASK_TOKEN} got id {mask_id}, expected {config.vocab_size}")
-    embed = state["embed.weight"]
-    state["embed.weight"] = torch.cat([embed, embed.mean(0, keepdim=True)])
-    if "lm_head.weight" in state:
-        head = state["lm_head.weight"]
-        state["lm_head.weight"] = torch.cat([head, head.mean(0, keepdim=True)])
-    return config.replace(vocab_size=config.vocab_size + 1, mask_id=mask_id)
+    if mask_id > config.vocab_size:
+        raise CheckpointError(f"{MASK_TOKEN} got id {mask_id}, beyond the embedding's "
+                              f"{config.vocab_size} rows")
+    for key in ("embed.weight", "lm_head.weight"):
+        if key in state:
+            rows = state[key]
+            mean = rows[:mask_id].mean(0, keepdim=True)
+            state[key] = torch.cat([rows[:mask_id], mean, rows[mask_id + 1:]])
+    return config.replace(vocab_size=max(config.vocab_size, mask_id + 1), mask_id=mask_id)
 
 
 def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
@@ -136,6 +153,7 @@ def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
     config, state = to_clover(hf_config, tensors, name=name or Path(dst).name, where=str(src))
     if tokenizer is not None:
         chat_template_with_tools(tokenizer)
+        config = config.replace(mask_id=reserved_id(config, len(tokenizer)))
     if mask_token:
         if tokenizer is None:
             raise CheckpointError(f"{src}: --mask-token needs the tokenizer (tokenizer.json)")
@@ -145,24 +163,36 @@ def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
 
 # ---- export -------------------------------------------------------------------------------------
 
-def export_hf(src: str | Path, dst: str | Path, family: str = "llama") -> Path:
-    """A Clover model directory -> a directory transformers' AutoModelForCausalLM loads."""
+def export_hf(src: str | Path, dst: str | Path, family: str | None = None) -> Path:
+    """A Clover model directory -> a directory transformers' AutoModelForCausalLM loads.
+
+    family: the model_type to write (a key of FAMILIES); None picks it from the config.
+    """
     from clover.checkpoint import load_config, read_state
 
+    config = load_config(src)
+    family = family or family_for(config)
     if family not in FAMILIES:
         raise CheckpointError(f"--family {family!r}: choose one of {sorted(FAMILIES)}")
     module = FAMILIES[family]
-    config = load_config(src)
     hf_config = module.config_to_hf(config)
-    state = read_state(src)
-    names = rename(state, invert(module.KEYS), [], where=str(src))
+    out = from_clover_state(read_state(src), module.KEYS, zeros=getattr(module, "ZEROS", ()),
+                      where=str(src))
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    out = {names[k]: v.contiguous() for k, v in state.items()}
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     _copy_tokenizer(Path(src), dst)
     return dst
+
+
+def family_for(config: ModelConfig) -> str:
+    """The family whose features match a Clover config (for `--to hf` without --family)."""
+    if config.is_moe:
+        return "olmoe" if config.qk_norm and config.qk_norm_scope == "all" else "qwen3_moe"
+    if config.qk_norm:
+        return "qwen3"
+    return "qwen2" if config.qkv_bias else "llama"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -235,8 +235,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * self.head_dim, config.dim, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.q_norm = self.k_norm = None
+        self.qk_norm_all = config.qk_norm_scope == "all"  # one norm over all heads (OLMoE)
+        if config.qk_norm:
+            q_dim, k_dim = ((config.num_heads * self.head_dim, kv_out) if self.qk_norm_all
+                            else (self.head_dim, self.head_dim))
+            self.q_norm = RMSNorm(q_dim, config.norm_eps)
+            self.k_norm = RMSNorm(k_dim, config.norm_eps)
         # set by `CloverModel.fuse_projections` (inference only; see clover/model/fused.py)
         self.qkv_fast: FastLinear | None = None
         self.o_fast: FastLinear | None = None
@@ -267,16 +272,17 @@ class Attention(nn.Module):
         rotary, cos, sin = rope
         qkv = self.qkv_fast(x_BLD) if self.qkv_fast is not None else None
         if qkv is None:
-            q = self.q_proj(x_BLD).view(B, L, H, Dh)
-            k = self.k_proj(x_BLD).view(B, L, G, Dh)
-            v = self.v_proj(x_BLD).view(B, L, G, Dh)
+            q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
         else:
             qkv_BLXD = qkv.view(B, L, H + 2 * G, Dh)
             if self.q_norm is None:
                 qk_BLXD = rotary.apply(qkv_BLXD[:, :, :H + G], cos, sin)
                 return qk_BLXD[:, :, :H], qk_BLXD[:, :, H:], qkv_BLXD[:, :, H + G:]
             q, k, v = qkv_BLXD.split((H, G, G), dim=2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_all:  # OLMoE: before splitting heads
+            q, k = self.q_norm(q.reshape(B, L, H * Dh)), self.k_norm(k.reshape(B, L, G * Dh))
+        q, k, v = q.reshape(B, L, H, Dh), k.reshape(B, L, G, Dh), v.reshape(B, L, G, Dh)
+        if self.q_norm is not None and not self.qk_norm_all:
             q, k = self.q_norm(q), self.k_norm(k)
         return rotary.apply(q, cos, sin), rotary.apply(k, cos, sin), v
 
