@@ -18,11 +18,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import llama
+from clover.checkpoint import dream, llada, llada2, llama
 from clover.checkpoint.keymap import CheckpointError, invert, rename
 from clover.config import ModelConfig
 
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama}
+FAMILIES["llada"] = llada
+FAMILIES["Dream"] = dream
+FAMILIES["llada2_moe"] = llada2
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
@@ -87,6 +90,8 @@ def to_clover(hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
     family = family_of(hf_config, where)
     config = family.config_from_hf(hf_config, name=name)
     expected = build_model(config, device="meta").state_dict()
+    if hasattr(family, "prepare_tensors"):  # fused QKV, per-expert keys (tensor_ops)
+        tensors = family.prepare_tensors(config, tensors)
     if config.tie_embeddings and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # tied copy
     names = rename(tensors, family.KEYS, expected, where=where)
@@ -160,6 +165,8 @@ def export_hf(src: str | Path, dst: str | Path, family: str = "llama") -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     out = {names[k]: v.contiguous() for k, v in state.items()}
+    if hasattr(module, "restore_tensors"):
+        out = module.restore_tensors(config, out)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     _copy_tokenizer(Path(src), dst)
     return dst
