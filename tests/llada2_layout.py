@@ -70,7 +70,8 @@ def random_llada2_tensors(config: dict, seed: int = 0) -> dict[str, torch.Tensor
 
 
 def _mlp(prefix: str, dim: int, hidden: int, rnd) -> dict[str, torch.Tensor]:
-    return {prefix + "gate_proj.weight": rnd(hidden, dim), prefix + "up_proj.weight": rnd(hidden, dim),
+    return {prefix + "gate_proj.weight": rnd(hidden, dim),
+            prefix + "up_proj.weight": rnd(hidden, dim),
             prefix + "down_proj.weight": rnd(dim, hidden)}
 
 
