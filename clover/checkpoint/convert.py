@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import dream, llada, llada2, llama
+from clover.checkpoint import dream, llada, llada2, llama, sdar
 from clover.checkpoint.keymap import CheckpointError, invert, rename
 from clover.config import ModelConfig
 
@@ -26,6 +26,7 @@ FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama}
 FAMILIES["llada"] = llada
 FAMILIES["Dream"] = dream
 FAMILIES["llada2_moe"] = llada2
+FAMILIES["sdar"] = sdar
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
