@@ -16,6 +16,7 @@ from typing import Any
 
 ATTENTION_MODES = ("causal", "block", "full")
 ROUTERS = ("softmax", "sigmoid")
+QK_NORM_SCOPES = ("head", "all")
 
 # Special-token ids shared by Clover's own tokenizer and its presets (see clover/tokenizer.py).
 PAD_ID, EOS_ID, MASK_ID = 0, 1, 2
@@ -35,6 +36,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     partial_rotary: float = 1.0  # fraction of head_dim that gets RoPE (LLaDA2.x uses 0.5)
     qk_norm: bool = False
+    # RMSNorm of queries and keys over each head's head_dim (`head`: Qwen3, LLaDA-MoE) or over the
+    # whole projection, all heads at once, before splitting into heads (`all`: OLMoE).
+    qk_norm_scope: str = "head"
     # Width of a causal depthwise convolution over positions on each attention input (a "canon
     # layer"): every position also carries its width - 1 predecessors, so one attention layer can
     # match n-grams (copying among look-alike digits). 0: none.
@@ -76,6 +80,8 @@ class ModelConfig:
         _require(self.attention in ATTENTION_MODES, "attention",
                  f"must be one of {ATTENTION_MODES}")
         _require(self.router in ROUTERS, "router", f"must be one of {ROUTERS}")
+        _require(self.qk_norm_scope in QK_NORM_SCOPES, "qk_norm_scope",
+                 f"must be one of {QK_NORM_SCOPES}")
         _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                  f"must divide num_heads={self.num_heads}")
         _require(0.0 < self.partial_rotary <= 1.0, "partial_rotary", "must be in (0, 1]")

@@ -106,7 +106,7 @@ def test_llada2_missing_expert_is_named(tmp_path):
     tensors = random_llada2_tensors(config)
     del tensors["model.layers.2.mlp.experts.5.up_proj.weight"]
     src = write_hf_dir(tmp_path / "llada2", config, tensors)
-    with pytest.raises(CheckpointError, match=r"layers\.2\.mlp\.experts\.5\.up_proj"):
+    with pytest.raises(CheckpointError, match=r"layers\.2\.ffn\.experts\.up_proj\[5\]"):
         convert(src, tmp_path / "out")
 
 

@@ -18,11 +18,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import dream, llada, llada2, llama, sdar
-from clover.checkpoint.keymap import CheckpointError, invert, rename
+from clover.checkpoint import dream, llada, llada2, llama, olmoe, qwen2, qwen3, qwen3_moe, sdar
+from clover.checkpoint.keymap import CheckpointError, from_clover_state, to_clover_state
 from clover.config import ModelConfig
 
-FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama}
+# model_type -> family module (config_from_hf, config_to_hf, KEYS; optional ALT_KEYS: other
+# layouts of the same tensors, read on import only; optional ZEROS: Clover keys no source holds)
+FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama, "qwen2": qwen2,
+                                   "qwen3": qwen3, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
 FAMILIES["llada"] = llada
 FAMILIES["Dream"] = dream
 FAMILIES["llada2_moe"] = llada2
@@ -91,16 +94,11 @@ def to_clover(hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
     family = family_of(hf_config, where)
     config = family.config_from_hf(hf_config, name=name)
     expected = build_model(config, device="meta").state_dict()
-    if hasattr(family, "prepare_tensors"):  # fused QKV, per-expert keys (tensor_ops)
-        tensors = family.prepare_tensors(config, tensors)
     if config.tie_embeddings and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # tied copy
-    names = rename(tensors, family.KEYS, expected, where=where)
-    state = {dst: tensors[src] for src, dst in names.items()}
-    for key, like in expected.items():
-        if tuple(state[key].shape) != tuple(like.shape):
-            raise CheckpointError(f"{where}: key {key!r} has shape {tuple(state[key].shape)}, "
-                                  f"the config expects {tuple(like.shape)}")
+    keymap = {**family.KEYS, **getattr(family, "ALT_KEYS", {})}
+    state = to_clover_state(tensors, keymap, expected, zeros=getattr(family, "ZEROS", ()),
+                            where=where)
     return config, state
 
 
@@ -151,26 +149,36 @@ def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
 
 # ---- export -------------------------------------------------------------------------------------
 
-def export_hf(src: str | Path, dst: str | Path, family: str = "llama") -> Path:
-    """A Clover model directory -> a directory transformers' AutoModelForCausalLM loads."""
+def export_hf(src: str | Path, dst: str | Path, family: str | None = None) -> Path:
+    """A Clover model directory -> a directory transformers' AutoModelForCausalLM loads.
+
+    family: the model_type to write (a key of FAMILIES); None picks it from the config.
+    """
     from clover.checkpoint import load_config, read_state
 
+    config = load_config(src)
+    family = family or family_for(config)
     if family not in FAMILIES:
         raise CheckpointError(f"--family {family!r}: choose one of {sorted(FAMILIES)}")
     module = FAMILIES[family]
-    config = load_config(src)
     hf_config = module.config_to_hf(config)
-    state = read_state(src)
-    names = rename(state, invert(module.KEYS), [], where=str(src))
+    out = from_clover_state(read_state(src), module.KEYS, zeros=getattr(module, "ZEROS", ()),
+                      where=str(src))
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    out = {names[k]: v.contiguous() for k, v in state.items()}
-    if hasattr(module, "restore_tensors"):
-        out = module.restore_tensors(config, out)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     _copy_tokenizer(Path(src), dst)
     return dst
+
+
+def family_for(config: ModelConfig) -> str:
+    """The family whose features match a Clover config (for `--to hf` without --family)."""
+    if config.is_moe:
+        return "olmoe" if config.qk_norm and config.qk_norm_scope == "all" else "qwen3_moe"
+    if config.qk_norm:
+        return "qwen3"
+    return "qwen2" if config.qkv_bias else "llama"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

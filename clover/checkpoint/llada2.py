@@ -1,15 +1,15 @@
 """LLaDA2.0 / 2.1 mini and flash (`llada2_moe`, BailingMoeV2 layout): block-diffusion MoE.
 
 What the layout holds and where it lands in Clover:
-- fused `attention.query_key_value` ([H | G | G] heads of Dh rows) -> split into q/k/v
-  (`tensor_ops.split_qkv`), `attention.dense` -> o_proj, per-head `query_layernorm` /
+- fused `attention.query_key_value` ([H | G | G] heads of Dh rows) -> q/k/v (a `Split` rule;
+  part sizes from Clover's shapes), `attention.dense` -> o_proj, per-head `query_layernorm` /
   `key_layernorm` -> q_norm / k_norm; partial RoPE (`partial_rotary_factor`, rotate-half on the
   first half of each head);
 - `first_k_dense_replace` leading dense layers (`mlp.{gate,up,down}_proj`), then MoE layers:
   `mlp.gate.weight` + `mlp.gate.expert_bias` (sigmoid scores, bias for selection only,
   group-limited top-k over `n_group` groups keeping `topk_group`, weights renormalised and
-  multiplied by `routed_scaling_factor`), `mlp.experts.E.*` stacked into Clover's [E, ...] tensors,
-  `mlp.shared_experts.*` -> the shared expert;
+  multiplied by `routed_scaling_factor`), `mlp.experts.E.*` stacked into Clover's [E, ...]
+  tensors (`[{}]` rules), `mlp.shared_experts.*` -> the shared expert;
 - block diffusion (block 32, own-token prediction, mask id 156895).
 """
 
@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from clover.checkpoint import tensor_ops
-from clover.checkpoint.keymap import CheckpointError, KeyMap
+from clover.checkpoint.keymap import CheckpointError, KeyMap, Split
 from clover.checkpoint.llada import first_id
 from clover.checkpoint.llama import rope_theta
 from clover.config import ModelConfig
@@ -31,16 +28,13 @@ DEFAULT_BLOCK = 32
 MASK_ID = 156895
 
 _L = "model.layers.{}."
-FUSED_QKV = (_L + "attention.query_key_value.weight", _L + "attention.query_key_value.bias")
-SPLIT_QKV = tuple(tuple(_L + f"attention.{p}_proj.{kind}" for p in "qkv")
-                  for kind in ("weight", "bias"))
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
 KEYS: KeyMap = {
     "model.word_embeddings.weight": "embed.weight",
     _L + "input_layernorm.weight": "layers.{}.attn_norm.weight",
-    **{_L + f"attention.{p}_proj.{kind}": f"layers.{{}}.attn.{p}_proj.{kind}"
-       for p in "qkv" for kind in ("weight", "bias")},
+    **{_L + f"attention.query_key_value.{kind}": Split(
+        *(f"layers.{{}}.attn.{p}_proj.{kind}" for p in "qkv")) for kind in ("weight", "bias")},
     _L + "attention.dense.weight": "layers.{}.attn.o_proj.weight",
     _L + "attention.query_layernorm.weight": "layers.{}.attn.q_norm.weight",
     _L + "attention.key_layernorm.weight": "layers.{}.attn.k_norm.weight",
@@ -48,7 +42,7 @@ KEYS: KeyMap = {
     **{_L + f"mlp.{p}.weight": f"layers.{{}}.ffn.{p}.weight" for p in PROJS},
     _L + "mlp.gate.weight": "layers.{}.ffn.router.gate.weight",
     _L + "mlp.gate.expert_bias": "layers.{}.ffn.router.expert_bias",
-    **{_L + f"mlp.experts.{p}": f"layers.{{}}.ffn.experts.{p}" for p in PROJS},
+    **{_L + f"mlp.experts.{{}}.{p}.weight": f"layers.{{}}.ffn.experts.{p}[{{}}]" for p in PROJS},
     **{_L + f"mlp.shared_experts.{p}.weight": f"layers.{{}}.ffn.shared.{p}.weight"
        for p in PROJS},
     "model.norm.weight": "norm.weight",
@@ -94,27 +88,6 @@ def config_from_hf(hf: dict[str, Any], name: str = "llada2") -> ModelConfig:
         max_seq_len=int(hf.get("max_position_embeddings", 32768)),
         eos_id=eos, pad_id=first_id(hf.get("pad_token_id"), eos),
         mask_id=first_id(hf.get("mask_token_id"), MASK_ID))
-
-
-def prepare_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Split the fused QKV and stack the experts into the names `KEYS` maps."""
-    for fused, parts in zip(FUSED_QKV, SPLIT_QKV, strict=True):
-        tensors = tensor_ops.split_qkv(tensors, fused, parts, (cfg.num_heads, cfg.num_kv_heads),
-                                       cfg.head_dim)
-    for p in PROJS:
-        tensors = tensor_ops.stack_experts(tensors, _L + f"mlp.experts.{{}}.{p}.weight",
-                                           _L + f"mlp.experts.{p}", cfg.num_experts)
-    return tensors
-
-
-def restore_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Inverse of `prepare_tensors` (for `clover convert --to hf`)."""
-    for p in PROJS:
-        tensors = tensor_ops.unstack_experts(tensors, _L + f"mlp.experts.{p}",
-                                             _L + f"mlp.experts.{{}}.{p}.weight")
-    for fused, parts in zip(FUSED_QKV, SPLIT_QKV, strict=True):
-        tensors = tensor_ops.fuse_qkv(tensors, fused, parts)
-    return tensors
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

@@ -53,23 +53,37 @@ def check_plain_llama(hf: dict[str, Any], family: str = "Llama") -> None:
 
 def config_from_hf(hf: dict[str, Any], name: str = "llama") -> ModelConfig:
     """A causal Clover config with the same math as this Llama config.json."""
-    check_plain_llama(hf)
     if hf.get("attention_bias"):
         raise CheckpointError("config.json: attention_bias=true is not supported for Llama")
+    return ModelConfig(name=name, **common_fields(hf, "Llama"))
+
+
+def common_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """The ModelConfig fields every Llama-shaped family (Llama, Qwen, OLMoE) reads alike."""
+    check_plain_llama(hf, family)
     num_heads = hf["num_attention_heads"]
-    eos = hf.get("eos_token_id", 0)
-    eos = eos[0] if isinstance(eos, list) else eos
+    eos = hf.get("eos_token_id")
+    eos = (eos[0] if isinstance(eos, list) else eos) or 0
     pad = hf.get("pad_token_id")
     vocab = hf["vocab_size"]
-    return ModelConfig(
-        name=name, vocab_size=vocab, dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+    return dict(
+        vocab_size=vocab, dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=num_heads, num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
         rope_theta=rope_theta(hf), norm_eps=float(hf["rms_norm_eps"]),
         ffn_dim=hf["intermediate_size"], tie_embeddings=bool(hf.get("tie_word_embeddings")),
-        attention="causal", block_size=1,
-        max_seq_len=int(hf.get("max_position_embeddings", 4096)),
+        attention="causal", block_size=1, max_seq_len=_context(hf),
         eos_id=eos, pad_id=eos if pad is None else pad, mask_id=_spare_id(vocab, eos, pad))
+
+
+def _context(hf: dict[str, Any]) -> int:
+    """max_position_embeddings, capped by a sliding window when one is in use (Mistral v0.1):
+    up to the window, sliding-window attention is plain causal attention."""
+    context = int(hf.get("max_position_embeddings", 4096))
+    window = hf.get("sliding_window")
+    if window and hf.get("use_sliding_window", True):
+        context = min(context, int(window))
+    return context
 
 
 def _spare_id(vocab: int, *used: int | None) -> int:
@@ -79,17 +93,37 @@ def _spare_id(vocab: int, *used: int | None) -> int:
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """config.json for `LlamaForCausalLM` with the same math (causal attention)."""
-    if cfg.is_moe or cfg.qk_norm or cfg.qkv_bias or cfg.partial_rotary != 1.0 or cfg.token_conv:
-        raise CheckpointError(f"{cfg.name}: not expressible as a Llama checkpoint "
-                              "(MoE, QK-norm, QKV bias, partial RoPE or token conv)")
+    require_features(cfg, "Llama")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common_to_hf(cfg),
+            "attention_bias": False, "mlp_bias": False}
+
+
+def require_features(cfg: ModelConfig, family: str, *, qkv_bias: bool = False,
+                     qk_norm: str | None = None, moe: bool = False) -> None:
+    """Refuse a Clover config whose math the target family cannot express.
+
+    qk_norm: None (no QK-norm) or the scope the family normalises over ("head" or "all").
+    """
+    have = {"QKV bias": cfg.qkv_bias, "QK-norm": cfg.qk_norm_scope if cfg.qk_norm else None,
+            "MoE": cfg.is_moe, "partial RoPE": cfg.partial_rotary != 1.0,
+            "token conv": bool(cfg.token_conv)}
+    need = {"QKV bias": qkv_bias, "QK-norm": qk_norm, "MoE": moe, "partial RoPE": False,
+            "token conv": False}
+    wrong = [k for k in have if have[k] != need[k]]
+    if wrong:
+        raise CheckpointError(f"{cfg.name}: not expressible as a {family} checkpoint ("
+                              + ", ".join(f"{k}: {have[k]} here, {need[k]} there" for k in wrong)
+                              + ")")
+
+
+def common_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The config.json fields every Llama-shaped family writes alike."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "intermediate_size": cfg.ffn_dim, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len,
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False,
         "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id, "torch_dtype": "float32",
     }

@@ -211,16 +211,24 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.dim, kv_out, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * self.head_dim, config.dim, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.q_norm = self.k_norm = None
+        self.qk_norm_all = config.qk_norm_scope == "all"  # one norm over all heads (OLMoE)
+        if config.qk_norm:
+            q_dim, k_dim = ((config.num_heads * self.head_dim, kv_out) if self.qk_norm_all
+                            else (self.head_dim, self.head_dim))
+            self.q_norm = RMSNorm(q_dim, config.norm_eps)
+            self.k_norm = RMSNorm(k_dim, config.norm_eps)
 
     def forward(self, x_BLD: Tensor, rope: tuple[Rotary, Tensor, Tensor], mask_BLS: Tensor,
                 cache: KVCache | None, write: CacheWrite | None) -> Tensor:
         B, L, _ = x_BLD.shape
-        q = self.q_proj(x_BLD).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.q_proj(x_BLD), self.k_proj(x_BLD)
+        if self.q_norm is not None and self.qk_norm_all:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_all:
             q, k = self.q_norm(q), self.k_norm(k)
         rotary, cos, sin = rope
         q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
