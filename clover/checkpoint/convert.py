@@ -18,7 +18,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import dream, llada, llada2, llama, olmoe, qwen2, qwen3, qwen3_moe, sdar
+from clover.checkpoint import (
+    dream,
+    llada,
+    llada2,
+    llada_moe,
+    llama,
+    olmoe,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    sdar,
+    sdar_moe,
+)
 from clover.checkpoint.keymap import CheckpointError, from_clover_state, to_clover_state
 from clover.config import ModelConfig
 
@@ -30,6 +42,8 @@ FAMILIES["llada"] = llada
 FAMILIES["Dream"] = dream
 FAMILIES["llada2_moe"] = llada2
 FAMILIES["sdar"] = sdar
+FAMILIES["sdar_moe"] = sdar_moe
+FAMILIES["lladamoe"] = llada_moe
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
