@@ -51,3 +51,12 @@ def test_cli_reads_a_directory_holding_a_hf_config(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["experts"] == 256 and info["moe_layers"] == 19
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.json")))
+def test_export_family_is_recovered_from_the_clover_config(name):
+    """Every published dLLM config, once mapped to Clover, exports back as its own model_type."""
+    from clover.checkpoint.convert import family_for
+
+    hf = json.loads((CONFIGS / name).read_text())
+    assert family_for(resolve_config(str(CONFIGS / name))) == hf["model_type"]

@@ -115,3 +115,12 @@ def test_llada2_refuses_softmax_scores(tmp_path):
     src = write_hf_dir(tmp_path / "llada2", config, random_llada2_tensors(config))
     with pytest.raises(CheckpointError, match="score_function"):
         convert(src, tmp_path / "out")
+
+
+def test_export_picks_the_dllm_family_from_the_config(tmp_path):
+    """`clover convert --to hf` without --family writes a diffusion model as its own family,
+    not as the AR family with the same tensors."""
+    config = tiny_llada2_config()
+    src = write_hf_dir(tmp_path / "llada2", config, random_llada2_tensors(config))
+    back = export_hf(convert(src, tmp_path / "clover"), tmp_path / "back")
+    assert read_hf_dir(back)[0]["model_type"] == "llada2_moe"

@@ -188,11 +188,22 @@ def export_hf(src: str | Path, dst: str | Path, family: str | None = None) -> Pa
 
 def family_for(config: ModelConfig) -> str:
     """The family whose features match a Clover config (for `--to hf` without --family)."""
+    if config.attention != "causal":
+        return _dllm_family_for(config)
     if config.is_moe:
         return "olmoe" if config.qk_norm and config.qk_norm_scope == "all" else "qwen3_moe"
     if config.qk_norm:
         return "qwen3"
     return "qwen2" if config.qkv_bias else "llama"
+
+
+def _dllm_family_for(config: ModelConfig) -> str:
+    """Diffusion configs: the dLLM family with the same attention mode and prediction."""
+    if config.attention == "full":
+        return "Dream" if config.shift_logits else ("lladamoe" if config.is_moe else "llada")
+    if config.is_moe:
+        return "llada2_moe" if config.router == "sigmoid" else "sdar_moe"
+    return "sdar"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
