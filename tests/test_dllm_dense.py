@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from clover.bench.llada_reference import llada_generate
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert, export_hf, read_hf_dir
 from clover.checkpoint.hf_files import write_hf_dir
@@ -149,28 +150,6 @@ def test_dream_round_trip_is_bit_exact(tmp_path):
     assert all(torch.equal(exported[k], tensors[k]) for k in tensors)
 
 
-def llada_generate(model, prompt, mask_id, gen_length, block_length, steps):
-    """LLaDA's published generate() at temperature 0 with low-confidence remasking, written out:
-    the canvas is the prompt plus gen_length masks; each block gets steps / num_blocks steps,
-    each step commits the most confident masked positions of the current block (argmax tokens,
-    confidence = softmax probability) in equal shares."""
-    x = torch.tensor([prompt + [mask_id] * gen_length])
-    blocks, per_block = gen_length // block_length, steps // (gen_length // block_length)
-    for b in range(blocks):
-        hi = len(prompt) + (b + 1) * block_length
-        share = [block_length // per_block + (i < block_length % per_block)
-                 for i in range(per_block)]
-        for k in share:
-            logits = model(x).logits[0]
-            probs = logits.softmax(-1)
-            x0, p = probs.argmax(-1), probs.max(-1).values
-            confidence = torch.where(x[0] == mask_id, p, -torch.inf)
-            confidence[hi:] = -torch.inf
-            chosen = confidence.topk(k).indices
-            x[0, chosen] = x0[chosen]
-    return x[0, len(prompt):].tolist()
-
-
 def test_engine_decodes_like_llada_generate(llama_ref, tmp_path):
     """Clover's engine on a converted LLaDA checkpoint (topk policy, full recompute) commits the
     same tokens as LLaDA's own generate algorithm run on the reference weights."""
@@ -186,7 +165,8 @@ def test_engine_decodes_like_llada_generate(llama_ref, tmp_path):
     model = load_model(convert(write_hf_dir(tmp_path / "llada", config, tensors), tmp_path / "c"))
     prompt = [11, 42, 8, 99, 150]
     with torch.no_grad():
-        want = llada_generate(ref, prompt, mask_id=7, gen_length=16, block_length=8, steps=8)
+        (want,) = llada_generate(lambda ids: ref(ids).logits, [prompt], mask_id=7,
+                                 gen_length=16, block_length=8, steps=8)
     assert len(set(want)) > 4  # a real sequence, not one repeated token
     llm = LLM(model, device="cpu", dtype="float32")
     params = SamplingParams(policy="topk", steps_per_block=4, block_size=8, max_tokens=16,
