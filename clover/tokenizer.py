@@ -35,13 +35,19 @@ SPECIAL_TOKENS: list[str] = [
 ]  # fmt: skip
 
 CHAT_TEMPLATE: str = Path(__file__).with_name("chat_template.jinja").read_text(encoding="utf-8")
-# For single-task models too small to read a system prompt and tool schemas: the same template
-# with system turns and tools left out, so the prompt is the conversation alone. Tools still
-# constrain decoding (grammar) and calls still render and parse as with CHAT_TEMPLATE.
+# For single-task models too small to read a system prompt and tool schemas, trained on the
+# conversation alone. A caller that passes the task's own fixed system turn and tools says so
+# (`render_chat(..., fixed_task_prompt=True)`: the airspace agent, trainer and benchmarks) and they
+# are left out, as in training; any other system message or tool list (an API client's) renders as
+# with CHAT_TEMPLATE, never dropped silently. Tools still constrain decoding (grammar) either way.
 MESSAGE_ONLY_TEMPLATE: str = (
-    "{#- Clover message-only chat template: system turns and tools are not rendered. -#}\n"
+    "{#- Clover message-only chat template: with fixed_task_prompt (the caller's system turn "
+    "and tools are the fixed prompt of the model's task) they are not rendered; otherwise "
+    "they are. -#}\n"
+    "{%- if fixed_task_prompt | default(false) -%}\n"
     "{%- set tools = none -%}\n"
     "{%- set messages = messages | rejectattr('role', 'in', ['system', 'developer']) | list -%}\n"
+    "{%- endif -%}\n"
     + CHAT_TEMPLATE
 )
 PROMPT_FORMATS = {"chat": CHAT_TEMPLATE, "message": MESSAGE_ONLY_TEMPLATE}
@@ -198,14 +204,22 @@ def render_chat(
     messages: list[dict],
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
+    *,
+    fixed_task_prompt: bool = False,
 ) -> str:
-    """Render OpenAI-style messages (and tools as JSON Schemas) to prompt text via the template."""
+    """Render OpenAI-style messages (and tools as JSON Schemas) to prompt text via the template.
+
+    fixed_task_prompt: the system turn and tools are the fixed prompt of the task the model was
+    trained for; a message-only template (`MESSAGE_ONLY_TEMPLATE`) then leaves them out, as in its
+    training. Other templates render everything regardless.
+    """
     return tok.apply_chat_template(
         [_normalize_message(m) for m in messages],
         tools=[_normalize_tool(t) for t in tools] if tools else None,
         chat_template=None if tok.chat_template else CHAT_TEMPLATE,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
+        fixed_task_prompt=fixed_task_prompt,
     )
 
 

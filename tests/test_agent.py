@@ -88,7 +88,8 @@ def test_turns_are_capped_to_the_context_left(examples, tok):
     """A turn gets at most the room left in the context; a turn with no room ends the message
     (recorded as an error) instead of failing the whole batch."""
     answers = {e.text: [assistant_text(reference_calls(e)), "Done."] for e in examples}
-    firsts = [len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS)))
+    firsts = [len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
+                                               fixed_task_prompt=True)))
               for e in examples]
     engine = ScriptedEngine(tok, answers, max_model_len=max(firsts) + 40)
     llm = SimpleNamespace(engine=engine, tokenizer=tok)

@@ -29,7 +29,8 @@ def decode(name: str) -> list[dict]:
     llm = LLM(str(ROOT / "models" / name), device="cpu", dtype="float32")
     tok = llm.tokenizer
     examples = [e for e in generate_examples("test", 20, 0) if not e.history][:MESSAGES]
-    prompts = [tok.encode(render_chat(tok, e.messages(tools=True)[:-1], TOOLS)) for e in examples]
+    prompts = [tok.encode(render_chat(tok, e.messages(tools=True)[:-1], TOOLS,
+                                          fixed_task_prompt=True)) for e in examples]
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
                                                 policy="threshold", tau=0.9))
     return [{"id": e.id, "token_ids": o.token_ids, "text": o.text,

@@ -247,8 +247,9 @@ def test_copied_values_tokenize_as_in_a_tool_call():
 
 
 def test_message_only_template_is_the_chat_template_without_system_turn_and_tools(tok):
-    """Single-task models see the conversation alone; everything after the system turn renders
-    exactly as with the full template, so calls and tool results look the same to the model."""
+    """Single-task models see the conversation alone when the caller passes the task's fixed
+    prompt; everything after the system turn renders exactly as with the full template, so calls
+    and tool results look the same to the model."""
     from clover.tokenizer import MESSAGE_ONLY_TEMPLATE
 
     call = {"id": "c1", "type": "function",
@@ -261,7 +262,21 @@ def test_message_only_template_is_the_chat_template_without_system_turn_and_tool
     full = render_chat(tok, messages, TOOLS)
     tok_message = copy.deepcopy(tok)
     tok_message.chat_template = MESSAGE_ONLY_TEMPLATE
-    short = render_chat(tok_message, messages, TOOLS)
+    short = render_chat(tok_message, messages, TOOLS, fixed_task_prompt=True)
     assert short.startswith("<|user|>A1/26 cancelled<|eos|><|assistant|><tool_call>")
     assert "<tools>" not in short and "You plot zones." not in short
     assert full.endswith(short) and full[:-len(short)].startswith("<|system|>You plot zones.")
+
+
+def test_message_only_template_never_drops_a_callers_system_message_or_tools(tok):
+    """Without fixed_task_prompt (an API client's own system message and tools) the message-only
+    template renders them exactly as the full template does: nothing is dropped silently."""
+    from clover.tokenizer import MESSAGE_ONLY_TEMPLATE
+
+    messages = [{"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": "Hello"}]
+    tok_message = copy.deepcopy(tok)
+    tok_message.chat_template = MESSAGE_ONLY_TEMPLATE
+    shown = render_chat(tok_message, messages, TOOLS)
+    assert shown == render_chat(tok, messages, TOOLS)
+    assert "Answer in French." in shown and '"name": "draw_no_fly_zone"' in shown

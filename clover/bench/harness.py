@@ -151,7 +151,8 @@ def context_need(tok, examples: list, cfg: BenchConfig) -> int:
     The KV cache is sized for it up front (capped at the model's context length; the agent
     caps each turn's max_tokens to the room left).
     """
-    longest = max(len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS)))
+    longest = max(len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
+                                                  fixed_task_prompt=True)))
                   for e in examples)
     return longest + cfg.max_turns * (cfg.max_tokens + 256)
 

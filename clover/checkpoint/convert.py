@@ -123,6 +123,20 @@ def chat_template_with_tools(tokenizer) -> None:
         tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
 
 
+def reserved_id(config: ModelConfig, num_tokens: int) -> int:
+    """The id Clover's engine reserves as its mask sentinel in a converted AR model.
+
+    The engine marks undecided positions with `mask_id` and never samples it, so for an AR model
+    it must be an id no text needs: the first padding row when the embedding is larger than the
+    tokenizer (Qwen: 151936 rows, 151665 tokens), else the family mapping's spare id (the lowest
+    id that is neither eos nor pad; SmolLM2: 0, `<|endoftext|>`: chats end with `<|im_end|>`, but
+    a plain-text continuation that transformers would end there goes on instead).
+    """
+    if config.attention == "causal" and num_tokens < config.vocab_size:
+        return num_tokens
+    return config.mask_id
+
+
 def add_mask_token(config: ModelConfig, state: dict[str, torch.Tensor], tokenizer):
     """Append `<|mask|>` as a new token whose embedding is the mean of all token embeddings.
 
@@ -154,6 +168,7 @@ def convert(src: str | Path, dst: str | Path, *, name: str | None = None,
     config, state = to_clover(hf_config, tensors, name=name or Path(dst).name, where=str(src))
     if tokenizer is not None:
         chat_template_with_tools(tokenizer)
+        config = config.replace(mask_id=reserved_id(config, len(tokenizer)))
     if mask_token:
         if tokenizer is None:
             raise CheckpointError(f"{src}: --mask-token needs the tokenizer (tokenizer.json)")

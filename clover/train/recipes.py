@@ -86,8 +86,10 @@ def airspace_sft(tokenizer, examples: list) -> list[TokenExample]:
     out = []
     for ex in examples:
         messages = ex.messages(tools=True)
-        prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True)
-        full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False)
+        prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True,
+                             fixed_task_prompt=True)
+        full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False,
+                           fixed_task_prompt=True)
         assert full.startswith(prompt), "chat template: prompt is not a prefix of the chat"
         out.append(sft_example(tokenizer.encode(prompt), tokenizer.encode(full[len(prompt):])))
     return out
@@ -121,7 +123,8 @@ def copy_task(tokenizer, examples: list, max_tokens: int = 64) -> list[TokenExam
     for ex in examples:
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": COPY_INSTRUCTION + ex.text}]
-        prompt = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=True)
+        prompt = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=True,
+                             fixed_task_prompt=True)
         answer = tokenizer.encode(ex.text)[:max_tokens] + [tokenizer.eos_token_id]
         out.append(sft_example(tokenizer.encode(prompt), answer))
     return out
@@ -233,7 +236,8 @@ def airspace_evaluator(tokenizer, examples: list, max_tokens: int = ANSWER_MAX_T
     from clover.tasks.airspace import TOOLS, score
     from clover.tokenizer import render_chat
 
-    prompts = [tokenizer.encode(render_chat(tokenizer, ex.messages(tools=True)[:-1], TOOLS))
+    prompts = [tokenizer.encode(render_chat(tokenizer, ex.messages(tools=True)[:-1], TOOLS,
+                                                 fixed_task_prompt=True))
                for ex in examples]
 
     def evaluate(model: CloverModel, step: int) -> dict[str, Any]:

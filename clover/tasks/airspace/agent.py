@@ -76,7 +76,8 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
     first_usable, tokens, request_forwards = None, 0, 0
 
     def submit(run: MessageRun) -> bool:
-        prompt = tok.encode(render_chat(tok, run.conversation, tools=TOOLS))
+        prompt = tok.encode(render_chat(tok, run.conversation, tools=TOOLS,
+                                         fixed_task_prompt=True))
         room = engine.max_model_len - len(prompt)
         if room <= 0:  # a later turn that no longer fits: the conversation ends here
             run.errors.append(f"context full: {len(prompt)} prompt tokens")
