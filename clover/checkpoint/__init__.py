@@ -92,7 +92,13 @@ def load_config(path: str | Path) -> ModelConfig:
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> CloverModel:
-    """Build on the meta device and assign the stored weights (converted to dtype if given)."""
+    """Build on the meta device and assign the stored weights (converted to dtype if given).
+
+    An adapter directory (LoRA over the embedded base) is merged into the base first."""
+    from clover.checkpoint.adapter import is_adapter_dir, load_adapter_model
+
+    if is_adapter_dir(path):
+        return load_adapter_model(path, device=device, dtype=dtype)
     config = load_config(path)
     model = build_model(config, device="meta")
     expected = model.state_dict()
