@@ -27,7 +27,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="parameters, active parameters, memory of a preset or model")
-    p.add_argument("model", help="preset name (e.g. clover-35b-a3b) or model directory")
+    p.add_argument("model", help="preset name (e.g. clover-35b-a3b), model directory, or a "
+                                 "Hugging Face config.json of an importable family")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_inspect)
 

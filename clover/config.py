@@ -53,6 +53,11 @@ class ModelConfig:
     router: str = "softmax"  # softmax top-k, or sigmoid scores + expert bias (LLaDA2.x/DeepSeek-V3)
     router_renorm: bool = True  # renormalise the top-k weights to sum to 1
     routed_scaling: float = 1.0
+    # Group-limited routing (sigmoid router; LLaDA2.x / DeepSeek-V3): the experts form
+    # num_expert_groups equal groups, each scored by the sum of its two best biased scores, and a
+    # token picks its top-k experts only inside its topk_groups best groups. 1 / 1: no limit.
+    num_expert_groups: int = 1
+    topk_groups: int = 1
     tie_embeddings: bool = False
     qkv_bias: bool = False
     attention: str = "block"
@@ -103,6 +108,22 @@ class ModelConfig:
                  f"must be in [1, num_experts={self.num_experts}]")
         _require(self.expert_ffn_dim > 0, "expert_ffn_dim", "must be > 0 when num_experts > 0")
         _require(self.num_shared_experts >= 0, "num_shared_experts", "must be >= 0")
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        groups = self.num_expert_groups
+        _require(groups >= 1 and self.num_experts % groups == 0, "num_expert_groups",
+                 f"must be >= 1 and divide num_experts={self.num_experts}")
+        _require(1 <= self.topk_groups <= groups, "topk_groups",
+                 f"must be in [1, num_expert_groups={groups}]")
+        if groups == 1:
+            return
+        _require(self.router == "sigmoid", "num_expert_groups",
+                 "> 1 needs router='sigmoid' (group-limited routing is defined for it)")
+        per_group = self.num_experts // groups
+        _require(self.topk_groups * per_group >= self.num_experts_per_tok, "topk_groups",
+                 f"leaves {self.topk_groups * per_group} eligible experts, fewer than "
+                 f"num_experts_per_tok={self.num_experts_per_tok}")
 
     def _validate_token_ids(self) -> None:
         for field in ("pad_id", "eos_id", "mask_id"):

@@ -7,6 +7,7 @@ derives weight memory per precision and KV-cache bytes per token. Pure arithmeti
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,24 @@ BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
 def resolve_config(name_or_dir: str) -> ModelConfig:
-    """A preset name, or a model directory holding config.json."""
+    """A preset name, a Clover model directory, or a Hugging Face config.json (a file, or a
+    directory holding one) of a family `clover convert` imports: no weights are read."""
     if name_or_dir in PRESETS:
         return get_preset(name_or_dir)
-    if Path(name_or_dir).is_dir():
+    path = Path(name_or_dir)
+    hf_file = path / "config.json" if path.is_dir() else path
+    if hf_file.is_file():
+        hf = json.loads(hf_file.read_text())
+        if "model_type" in hf:  # a foreign config; Clover's own config.json has no model_type
+            from clover.checkpoint.convert import family_of
+
+            name = hf_file.parent.name if path.is_dir() else hf_file.stem
+            return family_of(hf, str(hf_file)).config_from_hf(hf, name=name)
+    if path.is_dir():
         from clover.checkpoint import load_config
         return load_config(name_or_dir)
-    raise ValueError(f"{name_or_dir!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
-                     f"nor a model directory")
+    raise ValueError(f"{name_or_dir!r} is neither a preset ({', '.join(sorted(PRESETS))}), "
+                     f"a model directory nor a Hugging Face config.json")
 
 
 def count_params(config: ModelConfig) -> tuple[int, int]:

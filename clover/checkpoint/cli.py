@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", default="clover", choices=["clover", "hf"],
                    help="clover: import into Clover's format; hf: export for transformers")
     p.add_argument("--family", default=None,
-                   help="--to hf: the model_type to write (llama, qwen2, qwen3, qwen3_moe, olmoe; "
-                        "default: the one matching the model's features)")
+                   help="--to hf: the model_type to write (llama, qwen2, qwen3, qwen3_moe, olmoe, "
+                        "llada, lladamoe, llada2_moe, Dream, sdar, sdar_moe; default: the one "
+                        "matching the model's features)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="stored weight dtype")
     p.add_argument("--mask-token", action="store_true",

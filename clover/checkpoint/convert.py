@@ -18,7 +18,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from clover.checkpoint import llama, olmoe, qwen2, qwen3, qwen3_moe
+from clover.checkpoint import (
+    dream,
+    llada,
+    llada2,
+    llada_moe,
+    llama,
+    olmoe,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    sdar,
+    sdar_moe,
+)
 from clover.checkpoint.keymap import CheckpointError, from_clover_state, to_clover_state
 from clover.config import ModelConfig
 
@@ -26,6 +38,12 @@ from clover.config import ModelConfig
 # layouts of the same tensors, read on import only; optional ZEROS: Clover keys no source holds)
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama, "qwen2": qwen2,
                                    "qwen3": qwen3, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
+FAMILIES["llada"] = llada
+FAMILIES["Dream"] = dream
+FAMILIES["llada2_moe"] = llada2
+FAMILIES["sdar"] = sdar
+FAMILIES["sdar_moe"] = sdar_moe
+FAMILIES["lladamoe"] = llada_moe
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
@@ -188,11 +206,22 @@ def export_hf(src: str | Path, dst: str | Path, family: str | None = None) -> Pa
 
 def family_for(config: ModelConfig) -> str:
     """The family whose features match a Clover config (for `--to hf` without --family)."""
+    if config.attention != "causal":
+        return _dllm_family_for(config)
     if config.is_moe:
         return "olmoe" if config.qk_norm and config.qk_norm_scope == "all" else "qwen3_moe"
     if config.qk_norm:
         return "qwen3"
     return "qwen2" if config.qkv_bias else "llama"
+
+
+def _dllm_family_for(config: ModelConfig) -> str:
+    """Diffusion configs: the dLLM family with the same attention mode and prediction."""
+    if config.attention == "full":
+        return "Dream" if config.shift_logits else ("lladamoe" if config.is_moe else "llada")
+    if config.is_moe:
+        return "llada2_moe" if config.router == "sigmoid" else "sdar_moe"
+    return "sdar"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -7,7 +7,8 @@ groups of tokens sorted by expert, adds the shared experts, and returns routing 
 the two in agreement. Nothing here knows about attention, caching or diffusion.
 """
 
-# Shapes: N tokens, D dim, F expert hidden, E experts, K experts per token
+# Shapes: N tokens, D dim, F expert hidden, E experts, K experts per token, G expert groups,
+# Eg experts per group
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class Router(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.renorm = config.router_renorm
         self.scaling = config.routed_scaling
+        self.num_groups, self.topk_groups = config.num_expert_groups, config.topk_groups
         self.gate = nn.Linear(config.dim, config.num_experts, bias=False)
         # Load-balancing bias for the sigmoid router: shifts selection only, never the weights.
         # Updated by the training loop (not by gradients), saved with the model.
@@ -83,7 +85,10 @@ class Router(nn.Module):
         logits_NE = self.gate(x_ND).float()
         if self.kind == "sigmoid":
             probs_NE = torch.sigmoid(logits_NE)
-            chosen_NK = torch.topk(probs_NE + self.expert_bias, self.top_k, dim=-1).indices
+            biased_NE = probs_NE + self.expert_bias
+            if self.num_groups > 1:
+                biased_NE = limit_to_groups(biased_NE, self.num_groups, self.topk_groups)
+            chosen_NK = torch.topk(biased_NE, self.top_k, dim=-1).indices
         else:
             probs_NE = torch.softmax(logits_NE, dim=-1)
             chosen_NK = torch.topk(probs_NE, self.top_k, dim=-1).indices
@@ -91,6 +96,22 @@ class Router(nn.Module):
         if self.renorm:
             weights_NK = weights_NK / weights_NK.sum(-1, keepdim=True).clamp_min(1e-20)
         return RouterOutput(chosen_NK, weights_NK * self.scaling, probs_NE, self.kind == "sigmoid")
+
+
+def limit_to_groups(scores_NE: Tensor, num_groups: int, topk_groups: int) -> Tensor:
+    """Scores with every expert outside each token's `topk_groups` best groups set to -inf.
+
+    The E experts form `num_groups` contiguous groups; a group's score is the sum of its two best
+    expert scores (its best one when a group holds a single expert), as in DeepSeek-V3 / LLaDA2.x.
+    """
+    N, E = scores_NE.shape
+    grouped_NGEg = scores_NE.view(N, num_groups, E // num_groups)
+    best = min(2, grouped_NGEg.shape[-1])
+    group_score_NG = grouped_NGEg.topk(best, dim=-1).values.sum(-1)
+    keep_NG = torch.zeros_like(group_score_NG, dtype=torch.bool)
+    keep_NG.scatter_(1, group_score_NG.topk(topk_groups, dim=-1).indices, True)
+    keep_NE = keep_NG[:, :, None].expand_as(grouped_NGEg).reshape(N, E)
+    return scores_NE.masked_fill(~keep_NE, float("-inf"))
 
 
 class Experts(nn.Module):

@@ -1,0 +1,162 @@
+"""Clover's engine against LLaDA's own generate on transformers, on a converted tiny LLaDA.
+
+A random `LlamaForCausalLM` run bidirectionally (LLaDA's math) is written in LLaDA's published key
+layout and converted with `clover convert`. The reference is LLaDA's generate algorithm (greedy,
+low-confidence remasking, whole canvas every step) over transformers' model; Clover decodes the
+same prompts with its engine: `topk` policy without a cache (the same algorithm: must give the same
+tokens), and with the prefix / dual caches (approximate for bidirectional models: token agreement is
+reported). Batch 1 and 8, best of `--repeats`. Prints a table, then one JSON line.
+
+(The issue asks for this on a tiny DiffusionGemma; Clover cannot import DiffusionGemma yet, see
+docs/models.md, so the comparison runs on the family it can.)
+
+    python benchmarks/dllm_vs_transformers.py [--batch 1 8] [--gen 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from clover.bench.llada_reference import llada_generate
+from clover.checkpoint import load_model
+from clover.checkpoint.convert import convert
+from clover.checkpoint.hf_files import write_hf_dir
+from clover.engine import LLM, SamplingParams
+
+MASK_ID, EOS_ID = 3, 2
+LLADA_NAMES = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj",
+               "self_attn.v_proj": "v_proj", "self_attn.o_proj": "attn_out",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm",
+               "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj", "mlp.down_proj": "ff_out"}
+
+
+def reference_model(args) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=3 * args.dim,
+                      num_hidden_layers=args.layers, num_attention_heads=args.dim // 32,
+                      num_key_value_heads=args.dim // 32, rope_theta=500000.0,
+                      rms_norm_eps=1e-5, max_position_embeddings=1024,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.config.is_causal = False
+    for layer in model.model.layers:
+        layer.self_attn.is_causal = False
+    with torch.no_grad():  # larger weights, so greedy decoding writes varied tokens
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0, 1.0 if "embed" in name else 0.25)
+        model.lm_head.weight[[EOS_ID, MASK_ID]] = 0.0  # never an argmax, as in a trained model
+    return model
+
+
+def as_llada_dir(model: LlamaForCausalLM, path: Path) -> Path:
+    tensors = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("model.layers."):
+            layer, rest = key[len("model.layers."):].split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            key = f"model.transformer.blocks.{layer}.{LLADA_NAMES[module]}.{kind}"
+        else:
+            key = {"model.embed_tokens.weight": "model.transformer.wte.weight",
+                   "model.norm.weight": "model.transformer.ln_f.weight",
+                   "lm_head.weight": "model.transformer.ff_out.weight"}[key]
+        tensors[key] = value
+    c = model.config
+    config = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": c.hidden_size,
+              "n_heads": c.num_attention_heads, "n_kv_heads": c.num_key_value_heads,
+              "n_layers": c.num_hidden_layers, "mlp_hidden_size": c.intermediate_size,
+              "vocab_size": c.vocab_size, "embedding_size": c.vocab_size, "rope": True,
+              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "block_type": "llama",
+              "layer_norm_type": "rms", "activation_type": "silu", "weight_tying": False,
+              "max_sequence_length": 1024, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID,
+              "mask_token_id": MASK_ID}
+    return write_hf_dir(path, config, tensors, shards=2)
+
+
+def timed(fn, repeats: int):
+    best, out = None, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        wall = time.perf_counter() - t0
+        best = wall if best is None else min(best, wall)
+    return out, best
+
+
+def run(args) -> dict:
+    ref = reference_model(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        clover_dir = convert(as_llada_dir(ref, Path(tmp) / "hf"), Path(tmp) / "clover")
+        llm = LLM(load_model(clover_dir), device="cpu", dtype="float32", max_batch_size=8)
+    steps = args.steps_per_block * args.gen // args.block
+    rows = []
+    for batch in args.batch:
+        g = torch.Generator().manual_seed(batch)
+        prompts = [torch.randint(4, args.vocab, (args.prompt,), generator=g).tolist()
+                   for _ in range(batch)]
+        want, t_ref = timed(lambda p=prompts: llada_generate(
+            lambda ids: ref(ids).logits, p, mask_id=MASK_ID, gen_length=args.gen,
+            block_length=args.block, steps=steps), args.repeats)
+        for cache in ("none", "prefix", "dual"):
+            params = SamplingParams(policy="topk", steps_per_block=args.steps_per_block,
+                                    block_size=args.block, max_tokens=args.gen, cache=cache,
+                                    ignore_eos=True)
+            llm.generate(prompts[:1], params.replace(max_tokens=args.block))  # warm-up
+            outs, t_clover = timed(lambda p=prompts, q=params: llm.generate(p, q), args.repeats)
+            got = [o.token_ids for o in outs]
+            agree = sum(a == b for x, y in zip(got, want, strict=True)
+                        for a, b in zip(x, y, strict=True)) / (batch * args.gen)
+            rows.append({"batch": batch, "cache": cache, "transformers_s": round(t_ref, 4),
+                         "clover_s": round(t_clover, 4), "speedup": round(t_ref / t_clover, 3),
+                         "same_tokens": got == want, "token_agreement": round(agree, 4)})
+    return {"benchmark": "dllm_vs_transformers", "family": "llada",
+            "hardware": {"machine": platform.machine(), "cpus": torch.get_num_threads(),
+                         "torch": torch.__version__, "shared_machine": True},
+            "model": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab},
+            "settings": {"prompt": args.prompt, "gen": args.gen, "block": args.block,
+                         "steps_per_block": args.steps_per_block, "repeats": args.repeats},
+            "results": rows}
+
+
+def show(report: dict) -> None:
+    table = Table(title="Clover engine vs LLaDA generate on transformers (tiny LLaDA, CPU)")
+    for col in ("batch", "cache", "transformers s", "clover s", "speedup", "same tokens",
+                "agreement"):
+        table.add_column(col)
+    for r in report["results"]:
+        table.add_row(str(r["batch"]), r["cache"], f"{r['transformers_s']:.3f}",
+                      f"{r['clover_s']:.3f}", f"{r['speedup']:.2f}x", str(r["same_tokens"]),
+                      f"{r['token_agreement']:.3f}")
+    Console().print(table)
+    print(json.dumps(report))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--steps-per-block", type=int, default=16)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    show(run(args))
+
+
+if __name__ == "__main__":
+    main()
