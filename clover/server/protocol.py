@@ -239,6 +239,8 @@ def parse_request(cls: type[R], body: bytes) -> R:
 def _validation_error(e: ValidationError) -> ApiError:
     err = e.errors(include_url=False)[0]
     kind, param = err["type"], _param(err["loc"])
+    if kind == "json_invalid" and "recursion limit" in str(err["msg"]):
+        return ApiError(400, "the request body is nested too deeply", code="invalid_json")
     if kind == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({err['msg']})",
                         code="invalid_json")
