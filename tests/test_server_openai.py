@@ -88,8 +88,9 @@ def test_n_choices_plain_and_streamed(client):
     assert len({c.text for c in r.choices}) > 1
     assert r.usage.prompt_tokens == client.completions.create(
         **(kw | {"n": 1})).usage.prompt_tokens
-    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in
-                                            client.completions.create(**kw, logprobs=0).choices)
+    scored = client.completions.create(**kw, logprobs=0)  # one logprob per answer token
+    assert scored.usage.completion_tokens == sum(
+        len(c.logprobs.tokens) + (c.finish_reason == "stop") for c in scored.choices)  # + EOS
     chunks = list(client.completions.create(**kw, stream=True,
                                             stream_options={"include_usage": True}))
     texts = {i: "".join(c.choices[0].text for c in chunks if c.choices and

@@ -43,6 +43,9 @@ class Plan:
     tools: bool = False  # parse tool calls out of the answer
     parallel: bool = True
     prefix: str = ""  # forced start of the answer (tool_choice without a grammar backend)
+    # (schema, param) pairs for jsonschema's full check, run with the grammar compilation (it
+    # takes seconds on a huge schema, which must not hold up other requests' planning)
+    schema_checks: list[tuple[dict, str]] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -79,13 +82,20 @@ class Planner:
             _check_message(m, i)
         tools, choice = self._tool_setup(req)
         structured, prefix = self._structure(req, tools, choice)
+        checks = [(t["function"]["parameters"], f"tools[{i}].function.parameters")
+                  for i, t in enumerate(tools) if "parameters" in t["function"]]
+        if req.response_format is not None and req.response_format.json_schema is not None:
+            checks.append((req.response_format.json_schema.schema_,
+                           "response_format.json_schema.schema"))
         messages = [m.as_template_input() for m in req.messages]
         text = self._render(messages, tools if choice != "none" else None) + prefix
         ids = self.tokenizer.encode(text)
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self._params(req, len(ids), max_tokens, structured)
         return Plan("chat", ids, params, n=req.n, tools=bool(tools) and choice != "none",
-                    parallel=req.parallel_tool_calls, prefix=prefix, **_stream_flags(req))
+                    parallel=req.parallel_tool_calls, prefix=prefix,
+                    schema_checks=checks,
+                    **_stream_flags(req))
 
     def plan_completion(self, req: CompletionRequest) -> Plan:
         self.check_model(req.model)
@@ -136,7 +146,7 @@ class Planner:
                                param=f"tools[{i}].function.name")
             params = t["function"].get("parameters")
             if params is not None:
-                check_schema(params, f"tools[{i}].function.parameters", object_only=True)
+                quick_schema_check(params, f"tools[{i}].function.parameters", object_only=True)
         choice = req.tool_choice
         if choice is None:
             return tools, "auto" if tools else "none"
@@ -253,9 +263,9 @@ def _check_message(m: Message, i: int) -> None:
                        param=f"messages[{i}].tool_calls")
 
 
-def check_schema(schema: Any, param: str, object_only: bool = False) -> None:
-    """A JSON Schema the grammar and the client can use: a dict, nested at most MAX_DEPTH
-    levels, that jsonschema accepts."""
+def quick_schema_check(schema: Any, param: str, object_only: bool = False) -> None:
+    """The cheap part of checking a JSON Schema: a dict (an object schema for tools), nested
+    at most MAX_DEPTH levels. `full_schema_check` does the rest."""
     from clover.grammar.schema_rules import MAX_DEPTH, schema_depth
 
     if not isinstance(schema, dict):
@@ -266,6 +276,14 @@ def check_schema(schema: Any, param: str, object_only: bool = False) -> None:
     if schema_depth(schema) > MAX_DEPTH:
         raise ApiError(400, f"the schema is nested deeper than {MAX_DEPTH} levels", param=param,
                        code="invalid_schema")
+
+
+def full_schema_check(schema: dict, param: str, max_bytes: int) -> None:
+    """jsonschema accepts the schema (a size budget first: the check is linear in its size)."""
+    size = len(json.dumps(schema))
+    if size > max_bytes:
+        raise ApiError(400, f"the schema is {size} bytes, over the {max_bytes} byte budget "
+                       "(--grammar-max-bytes)", param=param, code="grammar_size_budget_exceeded")
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -288,7 +306,7 @@ def _response_format(req: ChatCompletionRequest) -> dict | None:
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise ApiError(400, 'response_format "json_schema" needs json_schema.schema',
                        param="response_format.json_schema")
-    check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
+    quick_schema_check(fmt.json_schema.schema_, "response_format.json_schema.schema")
     return {"json_schema": {"schema": fmt.json_schema.schema_,
                             "strict": bool(fmt.json_schema.strict)}}
 

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from clover.engine.llm import LLM
 from clover.server.config import DEFAULT_MODEL, ServerConfig
 from clover.server.metrics import Metrics
-from clover.server.planning import Plan, Planner
+from clover.server.planning import Plan, Planner, full_schema_check
 from clover.server.protocol import ApiError
 from clover.server.responses import Responder
 from clover.server.streaming import sse_events
@@ -137,8 +137,7 @@ class CloverServer:
             first = await self._admitted(jobs, queue, watcher)
             if first is None:
                 return Response(status_code=CLIENT_CLOSED)
-            if isinstance(first, Failed):
-                handed_off = True
+            if isinstance(first, Failed):  # the finally clause aborts the other choices
                 raise ApiError(first.status, first.message, code=first.code)
             if plan.stream:
                 watcher.cancel()  # from here on StreamingResponse watches the connection
@@ -172,13 +171,11 @@ class CloverServer:
     async def _compile(self, plan: Plan, watcher: asyncio.Future) -> list | None:
         """One grammar constraint per choice ([None] * n without structured output); None if
         the client left while compiling."""
-        structured = plan.params.structured
-        if structured is None:
+        if plan.params.structured is None and not plan.schema_checks:
             return [None] * plan.n
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self.compile_pool, self._build_all, structured,
-                                    len(plan.prompt_ids), plan.n, cancel)
+        work = loop.run_in_executor(self.compile_pool, self._build_all, plan, cancel)
         done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if work not in done:
             cancel.set()
@@ -190,15 +187,20 @@ class CloverServer:
         except Exception as e:  # noqa: BLE001 - a grammar that will not compile is a 4xx
             raise _grammar_error(e, plan) from None
 
-    def _build_all(self, structured: dict, prompt_len: int, n: int,
-                   cancel: threading.Event) -> list:
+    def _build_all(self, plan: Plan, cancel: threading.Event) -> list:
+        """The plan's schemas checked with jsonschema, then one constraint per choice."""
         from clover.grammar.compiler import Cancelled
 
         t0 = time.perf_counter()
         try:
-            return [self.grammar.build(structured, prompt_len, cancel) for _ in range(n)]
+            for schema, param in plan.schema_checks:
+                full_schema_check(schema, param, self.config.grammar_max_bytes)
+            structured, prompt_len = plan.params.structured, len(plan.prompt_ids)
+            if structured is None:
+                return [None] * plan.n
+            return [self.grammar.build(structured, prompt_len, cancel) for _ in range(plan.n)]
         except Cancelled:
-            return [None] * n  # the client is gone; nobody reads this
+            return [None] * plan.n  # the client is gone; nobody reads this
         finally:
             self.metrics.observe_compile(time.perf_counter() - t0)
 
@@ -231,7 +233,10 @@ class CloverServer:
                 waiting.discard(index)
             else:
                 held.append(item)
-        for item in held:
+        later = []
+        while not queue.empty():
+            later.append(queue.get_nowait())
+        for item in held + later:  # in the order they were posted
             queue.put_nowait(item)
         return Started(0.0)
 
@@ -282,7 +287,7 @@ class CloverServer:
 
 
 def _grammar_error(e: Exception, plan: Plan) -> ApiError:
-    param = "tools" if "tools" in plan.params.structured else "response_format"
+    param = "tools" if "tools" in (plan.params.structured or {}) else "response_format"
     limit = getattr(e, "limit", None)
     if limit is not None:
         return ApiError(400, f"{e}; simplify the schema", param=param,
