@@ -47,7 +47,7 @@ def server_at(model_dir, **config):
 @pytest.fixture(scope="module")
 def srv(model_dir):
     with server_at(model_dir, max_batch=4, default_max_tokens=16, grammar_time_budget=1.0,
-                   stall_after=0.5, timeout_headers=0.5, timeout_body=0.5,
+                   stall_after=2.0, timeout_headers=0.5, timeout_body=0.5,
                    timeout_keep_alive=0.5) as server:
         yield server
 
@@ -77,15 +77,15 @@ def test_stalling_schema_is_refused_while_others_are_served(srv, http):
         normal_s = time.perf_counter() - t0
         health = http.get("/health", timeout=10)
         refused = hostile.result()
-    assert r.status_code == 200 and normal_s < 5.0, normal_s
+    assert r.status_code == 200 and normal_s < 15.0, normal_s  # it was blocked for ~60 s
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["code"] == "grammar_time_budget_exceeded" and "time" in error["message"]
     assert error["param"] == "response_format"
-    t0 = time.perf_counter()
+    checks = srv.grammar.sandbox.num_checks
     again = http.post("/v1/chat/completions", json=_chat(response_format=_schema_format(STALL)))
-    assert again.status_code == 400 and time.perf_counter() - t0 < 0.9  # cached verdict
+    assert again.status_code == 400 and srv.grammar.sandbox.num_checks == checks  # cached
 
 
 def test_grammar_memory_budget_is_a_400_naming_it(model_dir):
@@ -101,23 +101,32 @@ def test_client_leaving_cancels_its_compilation(srv, http):
     """A client that gives up while its grammar compiles frees the sandbox at once: the next
     structured request does not wait out the first one's budget."""
     other = dict(STALL, allOf=STALL["allOf"] + [{"pattern": "zz"}])  # not in the verdict cache
-    with pytest.raises(httpx.ReadTimeout):
-        http.post("/v1/chat/completions", timeout=0.3,
-                  json=_chat(response_format=_schema_format(other)))
-    t0 = time.perf_counter()
+    sandbox = srv.grammar.sandbox
+    srv.grammar.budget.time_s = 30.0  # so only the cancel can end this compilation early
+    try:
+        killed = sandbox.num_killed
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", timeout=1.0,
+                      json=_chat(response_format=_schema_format(other)))
+        deadline = time.monotonic() + 10
+        while sandbox.num_killed == killed and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        srv.grammar.budget.time_s = 1.0
+    assert sandbox.num_killed == killed + 1
     ok = http.post("/v1/chat/completions", json=_chat(response_format={"type": "json_object"}))
-    assert ok.status_code == 200 and time.perf_counter() - t0 < 0.9
+    assert ok.status_code == 200
 
 
 def test_health_reports_a_stalled_engine_loop(srv, http):
     """A step that hangs (here: a forward that sleeps past stall_after) turns /health into a
     503 that says so, and back to ok when the loop moves again."""
-    srv.engine.model.delay_s = 1.5
+    srv.engine.model.delay_s = 3.5
     try:
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(http.post, "/v1/completions",
                                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
-            deadline, stalled = time.monotonic() + 5, None
+            deadline, stalled = time.monotonic() + 10, None
             while stalled is None and time.monotonic() < deadline:
                 r = http.get("/health")
                 stalled = r if r.status_code == 503 else None
@@ -127,8 +136,10 @@ def test_health_reports_a_stalled_engine_loop(srv, http):
     finally:
         srv.engine.model.delay_s = 0.0
     assert stalled is not None and "stalled" in stalled.json()["status"]
-    assert stalled.json()["loop_busy_s"] > 0.5
-    time.sleep(0.6)
+    assert stalled.json()["loop_busy_s"] > 2.0
+    deadline = time.monotonic() + 10
+    while http.get("/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert http.get("/health").status_code == 200
 
 
@@ -226,7 +237,7 @@ def test_idle_and_half_sent_connections_are_closed(srv):
     try:
         half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
         for sock in (idle, half):
-            closed, data = _closed_within(sock, 3.0)
+            closed, data = _closed_within(sock, 5.0)
             assert closed and data.startswith(b"HTTP/1.1 408"), data
     finally:
         idle.close()
@@ -251,13 +262,13 @@ def test_slow_body_and_idle_keep_alive_are_closed(srv):
         waited = time.monotonic() - t0
     finally:
         slow.close()
-    assert answer.startswith(b"HTTP/1.1 408") and waited < 2.0, (answer, waited)
+    assert answer.startswith(b"HTTP/1.1 408"), (answer, waited)  # it used to wait, then 200
     kept = _connect(srv)
     try:
         kept.sendall(head + body)
         kept.settimeout(10)
         assert kept.recv(4096).startswith(b"HTTP/1.1 200")
-        assert _closed_within(kept, 3.0)[0]
+        assert _closed_within(kept, 5.0)[0]
     finally:
         kept.close()
 

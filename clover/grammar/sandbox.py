@@ -115,11 +115,13 @@ class GrammarSandbox:
             self._idle.put(None)  # a slot; the child starts on first use
         self._lock = threading.Lock()
         self._live: set[_Child] = set()
+        self.num_checks = self.num_killed = 0  # compilations tried; children killed mid-way
 
     def check(self, grammar: str, time_s: float,
               cancel: threading.Event | None = None) -> str | None:
         """Compile `grammar` in a child within `time_s`; BudgetExceeded or Cancelled if not."""
         child = self._take(cancel)
+        self.num_checks += 1
         try:
             child.send({"grammar": grammar})
             reply = child.receive(time_s, cancel)
@@ -164,6 +166,7 @@ class GrammarSandbox:
         return child
 
     def _discard(self, child: _Child) -> None:
+        self.num_killed += 1
         child.kill()
         with self._lock:
             self._live.discard(child)
