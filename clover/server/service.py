@@ -57,7 +57,11 @@ def grammar_compiler(tokenizer: Any, config: Any, server_config: ServerConfig) -
                            memory_mb=server_config.grammar_memory_budget,
                            max_bytes=server_config.grammar_max_bytes,
                            workers=server_config.grammar_workers)
-    return GrammarCompiler(tokenizer, config, budget)
+    try:
+        return GrammarCompiler(tokenizer, config, budget)
+    except ValueError as e:  # e.g. a tokenizer llguidance cannot use: serve without grammars
+        log.warning("structured output disabled: %s", e)
+        return None
 
 
 class CloverServer:
