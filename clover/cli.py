@@ -115,7 +115,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from clover.train.cli import register
+    from clover.tasks.airspace.train_cli import register
 
     register(sub)
 
@@ -139,8 +139,8 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "engine": _add_engine,  # generate / chat
     "serve": _add_serve,  # OpenAI-compatible HTTP server
     "train": _add_train,
-    "bench": _add_bench,
-    "convert": _add_convert,  # foreign checkpoints in (HF, GGUF) and out (HF)  # sweep dLLM vs AR: quality, speed, memory, plots, report
+    "bench": _add_bench,  # sweep dLLM vs AR: quality, speed, memory, plots, report
+    "convert": _add_convert,  # foreign checkpoints in (HF, GGUF) and out (HF)
 }
 
 
