@@ -1,10 +1,15 @@
-"""Load test for `clover serve`: many concurrent clients on loopback, checked answer by answer.
+"""Load test for `clover serve`: many concurrent clients on loopback, checked answer by answer,
+with and without a hostile client sending schemas that stall grammar compilers.
 
 Starts the server as a subprocess on 127.0.0.1 (a free port), asks every distinct prompt once from
 a single client (the solo answers and the single-client figures), then sends `--requests` requests
-from `--concurrency` clients (chat and text completions, a quarter of them streamed). Passes when
-no request is lost, none gets a 5xx, and every temperature-0 answer equals its solo answer.
-Bounded in count and time (`--time-limit`). Prints a table, then one JSON line.
+from `--concurrency` clients (chat and text completions, a quarter of them streamed), twice: once
+alone, once while a hostile client sends stalling schemas back to back (an allOf of 24 patterns
+varied per request so no cache helps, 20,000 properties, a 2,000-member anyOf, `(a{1000}){1000}`,
+a schema nested 98 levels). Passes when no normal request is lost, no request at all gets a 5xx,
+every temperature-0 answer equals its solo answer, and the normal requests' p99 latency with the
+hostile client is within `--max-p99-ratio` (2x) of the run without it. Bounded in count and time
+(`--time-limit`). Prints a table, then one JSON line.
 
     python benchmarks/server_load.py                       # a tiny random model, built in a tmp dir
     python benchmarks/server_load.py --model models/clover-smol --requests 1000 --concurrency 32
@@ -132,6 +137,7 @@ def _free_port() -> int:
 
 def _start_server(args: argparse.Namespace, model: str, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "clover.cli", "serve", "--model", model, "--host", HOST,
+           "--default-temperature", "0",
            "--port", str(port), "--max-batch", str(args.max_batch), "--max-queue", "4096",
            "--device", args.device, "--log-level", "warning",
            "--torch-threads", str(args.torch_threads)]
@@ -155,7 +161,8 @@ def _metrics(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
     want = ("clover_tokens_per_forward", "clover_batch_size_mean", "clover_tokens_per_second",
             "clover_requests_aborted_total")
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+) ([\d.e+-]+)$", text, re.M)
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(\w+)(?:\{[^}]*\})? ([\d.e+-]+)$", text, re.M)
             if m.group(1) in want}
 
 
@@ -174,25 +181,76 @@ def _figures(results: list[Result], wall: float) -> dict[str, float]:
             "p50_ms": round(1000 * _pct(lat, 0.5), 1), "p99_ms": round(1000 * _pct(lat, 0.99), 1)}
 
 
-def _table(solo: dict, load: dict) -> str:
+def _table(rows: list[tuple[str, dict]]) -> str:
     cols = ("requests", "wall_s", "req_per_s", "tokens_per_s", "p50_ms", "p99_ms")
-    lines = [f"{'run':<14}" + "".join(f"{c:>14}" for c in cols)]
-    for name, f in (("single client", solo), ("concurrent", load)):
-        lines.append(f"{name:<14}" + "".join(f"{f[c]:>14}" for c in cols))
+    lines = [f"{'run':<22}" + "".join(f"{c:>14}" for c in cols)]
+    for name, f in rows:
+        lines.append(f"{name:<22}" + "".join(f"{f[c]:>14}" for c in cols))
     return "\n".join(lines)
+
+
+# ---- the hostile client --------------------------------------------------------------------------
+def _hostile_schemas(i: int) -> dict:
+    """The i-th stalling schema (the audit's classes), varied so no verdict cache helps."""
+    kind = i % 5
+    if kind == 0:
+        return {"type": "string", "allOf": [{"pattern": f"a{j}x{i}"} for j in range(24)]}
+    if kind == 1:
+        return {"type": "object", "properties": {f"p{j}_{i}": {"type": "integer"}
+                                                 for j in range(20_000)}}
+    if kind == 2:
+        return {"anyOf": [{"const": f"v{j}_{i}"} for j in range(2000)]}
+    if kind == 3:
+        return {"type": "string", "pattern": f"^(a{{1000}}){{1000}}{i}$"}
+    schema: dict = {"type": "string"}
+    for _ in range(98):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+async def _hostile(url: str, model: str, stop: asyncio.Event) -> dict[str, int]:
+    """Send stalling schemas one after another until `stop`; count statuses."""
+    counts: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        i = 0
+        while not stop.is_set():
+            body = {"model": model, "max_tokens": 8, "messages": [
+                {"role": "user", "content": "hi"}], "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x",
+                                                       "schema": _hostile_schemas(i)}}}
+            try:
+                status = str((await client.post("/v1/chat/completions", json=body)).status_code)
+            except httpx.HTTPError as e:
+                status = type(e).__name__
+            counts[status] = counts.get(status, 0) + 1
+            i += 1
+    return counts
+
+
+async def _with_hostile(url: str, model: str, prompts: list[str], keys: list,
+                        args: argparse.Namespace) -> tuple[list[Result], float, dict]:
+    stop = asyncio.Event()
+    hostile = asyncio.ensure_future(_hostile(url, model, stop))
+    await asyncio.sleep(0.5)  # the first stalling schema is compiling when the load starts
+    results, wall = await _run_all(url, model, prompts, keys, args.concurrency, args.max_tokens)
+    stop.set()
+    return results, wall, await hostile
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory (default: build a tiny one)")
-    p.add_argument("--requests", type=int, default=512)
-    p.add_argument("--concurrency", type=int, default=24)
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--no-hostile", action="store_true", help="skip the hostile-client run")
+    p.add_argument("--max-p99-ratio", type=float, default=2.0,
+                   help="pass only if p99 with the hostile client <= this x p99 without")
     p.add_argument("--prompts", type=int, default=48, help="distinct prompts (solo answers)")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--torch-threads", type=int, default=1)
-    p.add_argument("--time-limit", type=float, default=600.0, help="give up after this many s")
+    p.add_argument("--time-limit", type=float, default=1800.0, help="give up after this many s")
     args = p.parse_args()
     if not (1 <= args.concurrency <= 256 and 1 <= args.requests <= 100_000):
         p.error("--concurrency must be in [1, 256] and --requests in [1, 100000]")
@@ -218,6 +276,13 @@ def main() -> int:
             proc.wait(30)
 
 
+def _check(results: list[Result], solo: dict, requests: int) -> dict[str, int]:
+    return {"lost": requests - sum(r.status == 200 for r in results),
+            "errors_5xx": sum(r.status >= 500 for r in results),
+            "mismatched": sum(r.status == 200 and r.text != solo.get(r.key) for r in results),
+            "retries_429": sum(r.retries for r in results)}
+
+
 async def _bench(args: argparse.Namespace, url: str, name: str, model: str) -> int:
     prompts = _prompts(args.prompts)
     kinds = ("chat", "completion")
@@ -227,24 +292,39 @@ async def _bench(args: argparse.Namespace, url: str, name: str, model: str) -> i
     keys = [distinct[i % len(distinct)] for i in range(args.requests)]
     load_results, load_wall = await _run_all(url, name, prompts, keys, args.concurrency,
                                              args.max_tokens)
-    lost = args.requests - sum(r.status == 200 for r in load_results)
-    errors_5xx = sum(r.status >= 500 for r in load_results)
-    mismatched = sum(r.status == 200 and r.text != solo.get(r.key) for r in load_results)
     solo_f, load_f = _figures(solo_results, solo_wall), _figures(load_results, load_wall)
-    print(_table(solo_f, load_f))
-    ok = lost == 0 and errors_5xx == 0 and mismatched == 0 and len(solo) == len(distinct)
-    print(f"lost {lost}, 5xx {errors_5xx}, answers differing from solo {mismatched}, "
-          f"429 retries {sum(r.retries for r in load_results)}: {'PASS' if ok else 'FAIL'}")
+    checks = {"concurrent": _check(load_results, solo, args.requests)}
+    rows = [("single client", solo_f), ("concurrent", load_f)]
+    hostile: dict = {}
+    if not args.no_hostile:
+        h_results, h_wall, h_counts = await _with_hostile(url, name, prompts, keys, args)
+        h_f = _figures(h_results, h_wall)
+        rows.append(("concurrent + hostile", h_f))
+        checks["with_hostile"] = _check(h_results, solo, args.requests)
+        ratio = h_f["p99_ms"] / max(load_f["p99_ms"], 1e-9)
+        hostile = {"figures": h_f, "p99_ratio": round(ratio, 3), "hostile_statuses": h_counts}
+    print(_table(rows))
+    hostile_5xx = sum(n for s, n in hostile.get("hostile_statuses", {}).items()
+                      if s.isdigit() and int(s) >= 500)
+    ok = (all(c["lost"] == c["errors_5xx"] == c["mismatched"] == 0 for c in checks.values())
+          and len(solo) == len(distinct) and hostile_5xx == 0
+          and hostile.get("p99_ratio", 0.0) <= args.max_p99_ratio)
+    for run, c in checks.items():
+        print(f"{run}: lost {c['lost']}, 5xx {c['errors_5xx']}, answers differing from solo "
+              f"{c['mismatched']}, 429 retries {c['retries_429']}")
+    if hostile:
+        print(f"hostile client: {hostile['hostile_statuses']}; p99 with / without "
+              f"{hostile['p99_ratio']}x (limit {args.max_p99_ratio}x)")
+    print("PASS" if ok else "FAIL")
     print(json.dumps({
         "benchmark": "server_load", "ok": ok,
         "hardware": {"platform": platform.platform(), "cpus": os.cpu_count(),
                      "device": args.device, "torch_threads": args.torch_threads},
         "model": model, "settings": {k: getattr(args, k) for k in (
-            "requests", "concurrency", "prompts", "max_tokens", "max_batch")},
-        "single_client": solo_f, "concurrent": load_f,
+            "requests", "concurrency", "prompts", "max_tokens", "max_batch", "max_p99_ratio")},
+        "single_client": solo_f, "concurrent": load_f, "hostile": hostile,
         "speedup_req_per_s": round(load_f["req_per_s"] / max(solo_f["req_per_s"], 1e-9), 2),
-        "lost": lost, "errors_5xx": errors_5xx, "mismatched": mismatched,
-        "retries_429": sum(r.retries for r in load_results), "server": _metrics(url)}))
+        "checks": checks, "hostile_5xx": hostile_5xx, "server": _metrics(url)}))
     return 0 if ok else 1
 
 

@@ -60,24 +60,63 @@ TEXTS = [
 ]
 
 
+def _accumulate(deltas: list[dict]) -> list[dict]:
+    """Tool-call deltas joined the way OpenAI's docs tell clients to: by index, name and
+    argument pieces concatenated."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        call = calls.setdefault(d["index"], {"name": "", "arguments": ""})
+        call["name"] += d.get("function", {}).get("name") or ""
+        call["arguments"] += d.get("function", {}).get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+def _well_formed(call: dict) -> bool:
+    try:
+        return isinstance(json.loads(call["arguments"]), dict)
+    except ValueError:
+        return False
+
+
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_chat_deltas_stream_equals_final_parse(text, parallel):
-    """Feeding every prefix, then the whole text, sends content and calls that add up to
-    parse_tool_calls(text), each call once and never retracted."""
+    """Feeding every prefix, then the whole text, sends content and tool-call pieces that join
+    to parse_tool_calls(text): the same content, the same well-formed calls (a malformed one
+    may have been started, and is reported in errors), never a retraction; the non-streamed
+    answer holds exactly the parsed calls."""
     deltas = ChatDeltas(tools=True, parallel=parallel)
-    content, calls = "", []
+    content, pieces = "", []
     for n in range(len(text) + 1):
         piece, new = deltas.update(text[:n])
-        content, calls = content + piece, calls + new
+        content, pieces = content + piece, pieces + new
     piece, new = deltas.update(text, final=True)
-    content, calls = content + piece, calls + new
+    content, pieces = content + piece, pieces + new
     parsed = parse_tool_calls(text)
-    want = parsed.tool_calls if parallel else parsed.tool_calls[:1]
+    want = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in (parsed.tool_calls if parallel else parsed.tool_calls[:1])]
     assert content == parsed.content
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
-        [(c["function"]["name"], c["function"]["arguments"]) for c in want]
+    assert [c for c in _accumulate(pieces) if _well_formed(c)] == want
     assert deltas.errors == parsed.errors
+    plain = ChatDeltas(tools=True, parallel=parallel)
+    plain.update(text, final=True)
+    assert [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in plain.openai_calls()] == want
+
+
+def test_tool_call_streams_name_first_then_argument_pieces():
+    """OpenAI's order: a call's id and name as soon as the name is written, then its arguments
+    in pieces while the model is still writing them."""
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}' \
+           "</tool_call>"
+    deltas, seen = ChatDeltas(tools=True), []
+    for n in range(len(text) + 1):
+        seen += deltas.update(text[:n])[1]
+    seen += deltas.update(text, final=True)[1]
+    assert seen[0]["function"] == {"name": "get_weather", "arguments": ""} and seen[0]["id"]
+    assert len(seen) > 3 and all("name" not in d["function"] for d in seen[1:])
+    assert _accumulate(seen) == [{"name": "get_weather",
+                                  "arguments": '{"city": "Paris", "days": 3}'}]
 
 
 def test_chat_deltas_without_tools_is_raw_text():
@@ -88,8 +127,8 @@ def test_chat_deltas_without_tools_is_raw_text():
 
 def test_forced_prefix_is_parsed_as_generated():
     deltas = ChatDeltas(tools=True, prefix='<tool_call>{"name": "f", "arguments": ')
-    _, calls = deltas.update('{"a": 1}}</tool_call>', final=True)
-    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"a": 1}]
+    _, pieces = deltas.update('{"a": 1}}</tool_call>', final=True)
+    assert [json.loads(c["arguments"]) for c in _accumulate(pieces)] == [{"a": 1}]
     assert deltas.content == ""
 
 

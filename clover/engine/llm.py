@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from clover.config import PRESETS, get_preset
+from clover.engine.logprobs import output_logprobs, record_logprobs, wants_logprobs
 from clover.engine.params import SamplingParams
 from clover.engine.policies import POLICIES, Proposal
-from clover.engine.request import Request, RequestOutput
+from clover.engine.request import CompletionOutput, Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
 from clover.engine.sampler import RowSampling, propose
 from clover.engine.scheduler import ScheduledBatch, Scheduler
@@ -72,7 +73,9 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None) -> Request:
+                    request_id: str | None = None, constraint: Any = None) -> Request:
+        """Queue a request. `constraint`: one already built for `params.structured` (the
+        server compiles grammars off this thread); None builds it here when needed."""
         if request_id is None:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         need = len(prompt_ids) + params.max_tokens
@@ -84,7 +87,9 @@ class Engine:
         r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
         if params.seed is not None and params.temperature > 0:
             r.generator = torch.Generator().manual_seed(params.seed)
-        if params.structured is not None:
+        if constraint is not None:
+            r.constraint = constraint
+        elif params.structured is not None:
             r.constraint = self._constraint(params.structured, len(prompt_ids))
         self.scheduler.add(r)
         return r
@@ -110,14 +115,28 @@ class Engine:
         return self.scheduler.stop_ids | set(params.stop_token_ids)
 
     def output(self, r: Request) -> RequestOutput:
-        """A finished request as the caller sees it: ids up to the first stop id, text, stats."""
+        """A finished request as the caller sees it: ids up to the first stop id (or up to the
+        token that completes a stop string, which also sets the generated-token count), text,
+        stats and, when asked for, the log-probabilities of those ids."""
         ids = r.output_ids(self.stop_ids(r.params))
         text = r.text
         if text is None:
             tok = self.tokenizer
             text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
+        else:  # cut at a stop string: positions decoded past it are not part of the answer
+            ids = self._through_stop_string(ids, len(text))
+            r.stats.generated_tokens = len(ids)
+        logprobs = output_logprobs(r, len(ids)) if r.params.logprobs is not None else None
         return RequestOutput(r.request_id, r.prompt, ids, text, r.finish_reason or "abort",
-                             r.stats)
+                             r.stats, logprobs=logprobs)
+
+    def _through_stop_string(self, ids: list[int], kept_chars: int) -> list[int]:
+        """The shortest head of `ids` whose text runs past the `kept_chars` kept before the
+        stop string: the tokens up to the one where the stop string starts."""
+        for k in range(len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:k], skip_special_tokens=False)) > kept_chars:
+                return ids[:k]
+        return ids
 
     # ---- the loop -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -138,8 +157,12 @@ class Engine:
             self._mask_logits(run, batch)
             self.clock.lap("grammar_s")  # none without a grammar: exactly 0 unconstrained
         proposal = self._propose(run, batch)
-        commits = self._select(proposal, batch)
+        commit_BM = self._select(proposal, batch)
+        if wants_logprobs(batch):
+            record_logprobs(run.logits_NV, run.row_N, run.col_N, proposal.tokens_BM, commit_BM,
+                            batch)
         tokens = _by_row(proposal.tokens_BM.tolist(), batch)
+        commits = _by_row(commit_BM.tolist(), batch)
         self.clock.lap("policy_s")
         done = self.scheduler.update(batch, tokens, commits, run.unique_experts)
         self.runner.release([r.row for r in done])
@@ -170,7 +193,7 @@ class Engine:
                         per_row([q.gamma for q in params], torch.float32),
                         per_row(steps_left, torch.long))
 
-    def _select(self, p: Proposal, batch: ScheduledBatch) -> list[list[bool]]:
+    def _select(self, p: Proposal, batch: ScheduledBatch) -> torch.Tensor:
         """Each row's commits, chosen by the policy the row's request asked for."""
         names = [r.request.params.policy for r in batch.rows]
         if len(set(names)) == 1:
@@ -180,7 +203,7 @@ class Engine:
             for name in set(names):
                 rows = [i for i, n in enumerate(names) if n == name]
                 commit_BM[rows] = self.policies[name].select(p.take(rows))
-        return _by_row(commit_BM.tolist(), batch)
+        return commit_BM
 
     def _verify(self, r: Request) -> None:
         """The scheduler's grammar check of a row's commits, timed as grammar work."""
@@ -213,6 +236,24 @@ def with_tool_calls(out: RequestOutput) -> None:
     out.tool_calls, out.content, out.errors = parsed.tool_calls, parsed.content, parsed.errors
     if parsed.tool_calls and out.finish_reason == "stop":
         out.finish_reason = "tool_calls"
+        if getattr(out, "outputs", None):
+            out.outputs[0].finish_reason = "tool_calls"
+
+
+def _nth(params: SamplingParams, i: int) -> SamplingParams:
+    """The params of the i-th of n sequences: the seed moves on by i so samples differ."""
+    if i == 0 or params.seed is None:
+        return params
+    return params.replace(seed=(params.seed + i) % 2**64)
+
+
+def _dict_prompt(prompt: dict) -> str | list[int]:
+    """vLLM's TextPrompt / TokensPrompt dicts -> text or ids."""
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError('a dict prompt needs "prompt" or "prompt_token_ids"')
 
 
 def _by_row(rows_BM: list[list], batch: ScheduledBatch) -> list[list]:
@@ -255,20 +296,37 @@ class LLM:
     def config(self):
         return self.engine.config
 
-    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]] | list[dict],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
-        """Decode every prompt (text or token ids) as one batch; outputs in input order."""
+        """Decode every prompt (text, token ids, or vLLM's {"prompt": ...} /
+        {"prompt_token_ids": ...} dicts) as one batch; outputs in input order. `sampling_params`
+        (vLLM's name; `params` is the same) is one for all prompts or one per prompt. With
+        n > 1, a prompt's n sequences run as n rows of the batch (seeded ones with seed,
+        seed + 1, ...) and come back in `outputs`."""
         ids = self._prompt_ids(prompts)
-        if not isinstance(params, list):
-            params = [params or SamplingParams()] * len(ids)
-        params_list = params
-        if len(params_list) != len(ids):
-            raise ValueError(f"got {len(params_list)} SamplingParams for {len(ids)} prompts")
-        requests = [self.engine.add_request(p, q) for p, q in zip(ids, params_list, strict=True)]
+        chosen = sampling_params if sampling_params is not None else params
+        if not isinstance(chosen, list):
+            chosen = [chosen or SamplingParams()] * len(ids)
+        if len(chosen) != len(ids):
+            raise ValueError(f"got {len(chosen)} SamplingParams for {len(ids)} prompts")
+        requests = [[self.engine.add_request(p, _nth(q, i)) for i in range(q.n)]
+                    for p, q in zip(ids, chosen, strict=True)]
         while self.engine.has_unfinished():
             self.engine.step()
-        return [self.output(r) for r in requests]
+        texts = prompts if isinstance(prompts, list) else [prompts]
+        return [self._grouped(rows, texts[i] if i < len(texts) else None)
+                for i, rows in enumerate(requests)]
+
+    def _grouped(self, rows: list[Request], prompt: Any) -> RequestOutput:
+        outs = [self.output(r) for r in rows]
+        first = outs[0]
+        first.outputs = [CompletionOutput(i, o.text, o.token_ids, o.finish_reason, o.logprobs)
+                         for i, o in enumerate(outs)]
+        first.prompt = prompt if isinstance(prompt, str) else (
+            prompt.get("prompt") if isinstance(prompt, dict) else None)
+        return first
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,
              tools: list[dict] | None = None) -> list[RequestOutput]:
@@ -289,14 +347,15 @@ class LLM:
                              "directory that includes tokenizer.json")
 
     def _prompt_ids(self, prompts) -> list[list[int]]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
             raise ValueError("prompts is empty")
-        if isinstance(prompts[0], str):
+        if isinstance(prompts[0], dict):
+            prompts = [_dict_prompt(p) for p in prompts]
+        if any(isinstance(p, str) for p in prompts):
             self._need_tokenizer()
-            return [self.tokenizer.encode(p) for p in prompts]
-        return [list(p) for p in prompts]
+        return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
     def output(self, r: Request) -> RequestOutput:
         """The caller's view of a finished request."""

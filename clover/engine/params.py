@@ -14,6 +14,7 @@ CACHE_MODES = ("none", "prefix", "dual")
 
 @dataclass(kw_only=True)
 class SamplingParams:
+    n: int = 1  # LLM.generate: outputs per prompt (rows of the same prompt in one batch)
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -32,6 +33,9 @@ class SamplingParams:
     # Structured output, one key: {"json_schema": {...}} | {"json_object": True} | {"regex": "..."}
     # | {"lark": "..."} | {"tools": [...], "tool_choice": "auto"|"required"|{"name": ...}}
     structured: dict | None = None
+    # Log-probabilities of the committed tokens (see clover/engine/logprobs.py): None for none,
+    # k >= 0 for the chosen token's plus the k most likely at its position.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         from clover.engine.policies import POLICIES
@@ -39,7 +43,11 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
+            (self.n >= 1, "n", "must be >= 1"),
             (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (self.seed is None or -2**63 <= self.seed < 2**64, "seed",
+             "must be in [-2**63, 2**64)"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "must be >= 0"),

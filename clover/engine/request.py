@@ -63,6 +63,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     generator: Any = None  # torch.Generator for seeded sampling (opaque here)
     constraint: Any = None  # a `Constraint` (grammar) or None; see clover/engine/constraint.py
+    token_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob (if asked)
 
     def __post_init__(self) -> None:
         if not self.seq:
@@ -103,7 +104,23 @@ class Request:
 
 
 @dataclass
+class CompletionOutput:
+    """One generated sequence, as vLLM's `CompletionOutput` (`outputs[i]` of a RequestOutput)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[Any] | None = None  # TokenLogprob per token, when asked for
+    stop_reason: str | int | None = None
+
+
+@dataclass
 class RequestOutput:
+    """What the caller gets for one prompt: `text`, `token_ids`, `finish_reason` and `stats` of
+    the first sequence at the top level (Clover's surface), every sequence in `outputs` (vLLM's
+    surface: `out.outputs[0].text`); with SamplingParams.n > 1, `outputs` holds n of them."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -113,3 +130,11 @@ class RequestOutput:
     tool_calls: list[dict] = field(default_factory=list)
     content: str | None = None  # text outside tool calls (chat)
     errors: list[str] = field(default_factory=list)  # malformed tool calls etc., never raised
+    logprobs: list[Any] | None = None  # TokenLogprob per token, when asked for
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt: str | None = None  # the prompt text, when it was given as text
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.finish_reason,
+                                             self.logprobs)]

@@ -149,13 +149,10 @@ class LLGuidanceBackend:
 
     def _compile(self, spec: GrammarSpec) -> Any:
         """The pristine matcher for `spec`: compiled and checked once, then only copied."""
-        m = self._llg.LLMatcher(self.tokenizer, self._grammar(spec), log_level=0,
+        m = self._llg.LLMatcher(self.tokenizer, self.grammar_text(spec), log_level=0,
                                 limits=self._llg.LLParserLimits(verbose_errors=False))
         if m.is_error():
-            error = _short(m.get_error())
-            if "Unimplemented keys" in error:
-                error += ' (add "x-guidance": {"lenient": true} to the schema to ignore them)'
-            raise ValueError(f"invalid {_NAMES[spec.kind]}: {error}")
+            raise compile_error(spec, m.get_error())
         bitmask_W = torch.zeros(bitmask_words(self.vocab_size), dtype=torch.int32)
         LLGuidanceMatcher(m, self.vocab_size).fill_bitmask(bitmask_W)
         allowed_V = unpack_bitmask(bitmask_W, self.vocab_size)
@@ -164,7 +161,8 @@ class LLGuidanceBackend:
             raise ValueError(f"unsatisfiable {_NAMES[spec.kind]}: it matches no text at all")
         return m
 
-    def _grammar(self, spec: GrammarSpec) -> str:
+    def grammar_text(self, spec: GrammarSpec) -> str:
+        """llguidance's grammar text for `spec` (cheap: nothing is compiled yet)."""
         LLMatcher = self._llg.LLMatcher
         if spec.kind == "json_schema":
             try:
@@ -177,6 +175,16 @@ class LLGuidanceBackend:
 
 
 _NAMES = {"json_schema": "JSON schema", "regex": "regex", "lark": "Lark grammar"}
+
+
+def compile_error(spec: GrammarSpec, error: str) -> ValueError:
+    """The ValueError for llguidance's `error` on `spec`, with a hint where one helps."""
+    error = _short(error)
+    if error.startswith("unsatisfiable"):
+        return ValueError(f"unsatisfiable {_NAMES[spec.kind]}: it matches no text at all")
+    if "Unimplemented keys" in error:
+        error += ' (add "x-guidance": {"lenient": true} to the schema to ignore them)'
+    return ValueError(f"invalid {_NAMES[spec.kind]}: {error}")
 
 
 def _short(message: str) -> str:

@@ -2,6 +2,7 @@
 
 Accepted forms, exactly one key (plus `tool_choice` beside `tools`):
   {"json_schema": {...}} or {"json_schema": {"schema": {...}, "name": ..., "strict": true}}
+                                              (numbers bounded, strict honoured: schema_rules.py)
   {"json_object": True}                       any JSON object
   {"regex": "..."}                            the whole output matches the regex
   {"lark": "..."}                             a Lark grammar (llguidance syntax)
@@ -17,6 +18,7 @@ import json
 from typing import Any
 
 from clover.grammar.backend import GrammarSpec
+from clover.grammar.schema_rules import bounded_schema
 from clover.grammar.tools import special_token_id, tool_call_lark
 from clover.tokenizer import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -42,7 +44,9 @@ def grammar_spec(structured: Any, tokenizer: Any = None) -> GrammarSpec:
 
 
 def _json_schema(value: Any, _structured: dict, _tok: Any) -> GrammarSpec:
+    strict = False
     if isinstance(value, dict) and "schema" in value and set(value) <= _WRAPPER_KEYS:
+        strict = value.get("strict") is True
         value = value["schema"]  # OpenAI's response_format.json_schema wrapper
     if value is False:
         raise ValueError('structured["json_schema"] is false: that schema matches nothing')
@@ -51,13 +55,14 @@ def _json_schema(value: Any, _structured: dict, _tok: Any) -> GrammarSpec:
     if not isinstance(value, dict):
         raise ValueError(f'structured["json_schema"] must be a JSON Schema object '
                          f"(got {type(value).__name__})")
-    return GrammarSpec("json_schema", _dumps(value, "json_schema"))
+    return GrammarSpec("json_schema", _dumps(bounded_schema(value, strict=strict),
+                                             "json_schema"))
 
 
 def _json_object(value: Any, _structured: dict, _tok: Any) -> GrammarSpec:
     if value is not True:
         raise ValueError(f'structured["json_object"] must be True (got {value!r})')
-    return GrammarSpec("json_schema", '{"type": "object"}')
+    return GrammarSpec("json_schema", _dumps(bounded_schema({"type": "object"}), "json_object"))
 
 
 def _text(form: str):

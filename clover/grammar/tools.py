@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from clover.grammar.backend import JSON_STYLE
+from clover.grammar.schema_rules import bounded_schema
 from clover.tokenizer import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 TOOL_CHOICES = ("auto", "required", "none")
@@ -23,7 +24,8 @@ _TEXT = r"/(.|\n)+/ & ~/(.|\n)*<\/?tool_call>(.|\n)*/"
 
 
 def normalize_tools(tools: Any) -> dict[str, dict]:
-    """OpenAI function tools (or bare {name, parameters}) -> {name: parameters schema}."""
+    """OpenAI function tools (or bare {name, parameters}) -> {name: parameters schema}; a tool
+    with `strict: true` gets closed objects with every property required."""
     if not isinstance(tools, list) or not tools:
         raise ValueError('structured["tools"] must be a non-empty list of function tools')
     out: dict[str, dict] = {}
@@ -38,7 +40,7 @@ def normalize_tools(tools: Any) -> dict[str, dict]:
             raise ValueError(f"tools[{i}]: duplicate function name {name!r}")
         if not isinstance(params, dict):
             raise ValueError(f"tools[{i}].function.parameters must be a JSON Schema object")
-        out[name] = params
+        out[name] = bounded_schema(params, strict=True) if fn.get("strict") is True else params
     return out
 
 
@@ -78,11 +80,11 @@ def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | N
 
 
 def call_schema(name: str, parameters: dict) -> dict:
-    """The JSON Schema of one call's body, in format_tool_call's key order."""
-    return {"type": "object",
-            "properties": {"name": {"const": name}, "arguments": parameters},
-            "required": ["name", "arguments"], "additionalProperties": False,
-            "x-guidance": JSON_STYLE}
+    """The JSON Schema of one call's body, in format_tool_call's key order, numbers bounded."""
+    return bounded_schema({"type": "object",
+                           "properties": {"name": {"const": name}, "arguments": parameters},
+                           "required": ["name", "arguments"], "additionalProperties": False,
+                           "x-guidance": JSON_STYLE})
 
 
 def _tag(token_id: int | None, text: str) -> str:

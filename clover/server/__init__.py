@@ -1,7 +1,9 @@
 """Clover's OpenAI-compatible HTTP server: `clover serve`, or `create_app(CloverServer.load(...))`.
 
 One engine loop thread serves every request with continuous batching (`worker.py`); the HTTP
-layer (`app.py`) validates, tokenizes, streams and reports errors the OpenAI way. Importing this
+layer validates and plans (`planning.py`), runs requests (`service.py`), streams
+(`streaming.py`) and reports errors the OpenAI way; `app.py` holds the routes, `guard.py` the
+front door, `http.py` the uvicorn timeouts and graceful shutdown. Importing this
 package is cheap: fastapi is imported only when `CloverServer` / `create_app` are first used.
 """
 

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import fields
 
 from clover.server.config import DEFAULT_MODEL, ServerConfig
 
@@ -18,20 +19,16 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
         from clover.server.app import CloverServer, create_app
+        from clover.server.http import build_uvicorn
     except ImportError as e:
         raise ValueError(f"clover serve needs the `serve` extra ({e.name} is missing): "
                          "pip install -e '.[serve]'") from None
 
-    config = ServerConfig(
-        model=args.model, served_model_name=args.served_model_name, host=args.host,
-        port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-        max_tokens_in_flight=args.max_tokens_in_flight, max_model_len=args.max_model_len,
-        default_max_tokens=args.default_max_tokens, device=args.device, dtype=args.dtype,
-        api_key=args.api_key or os.environ.get("CLOVER_API_KEY") or None,
-        max_body_bytes=args.max_body_bytes, torch_threads=args.torch_threads)
+    values = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
+              if hasattr(args, f.name)}
+    values["api_key"] = args.api_key or os.environ.get("CLOVER_API_KEY") or None
+    config = ServerConfig(**values)
     if config.host not in _LOOPBACK:
         note = "" if config.api_key else " without an API key (set --api-key or CLOVER_API_KEY)"
         print(f"warning: listening on {config.host}, reachable from other machines{note}",
@@ -40,8 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
     server = CloverServer.load(config)
     print(f"serving {server.model_name!r} on http://{config.host}:{config.port}/v1 "
           f"(max batch {config.max_batch}, context {server.capacity})", file=sys.stderr)
-    uvicorn.run(create_app(server), host=config.host, port=config.port,
-                log_level=args.log_level, timeout_graceful_shutdown=5)
+    build_uvicorn(create_app(server), server, host=config.host, port=config.port,
+                  log_level=args.log_level).run()
     return 0
 
 
@@ -55,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--max-batch", type=int, default=32, help="rows in the running batch")
     p.add_argument("--max-queue", type=int, default=256,
-                   help="requests that may wait for a row before the server answers 429")
+                   help="requests that may wait (beyond the free rows) before a 429")
     p.add_argument("--max-tokens-in-flight", type=int, default=None,
                    help="cap on prompt + max_tokens over running requests (default: no cap "
                         "beyond the KV cache)")
@@ -72,5 +69,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 is often fastest "
                         "for tiny models)")
+    p.add_argument("--default-temperature", type=float, default=1.0,
+                   help="temperature of a request that names none (default: 1.0, as OpenAI "
+                        "and vLLM; 0 makes such requests greedy)")
+    p.add_argument("--max-n", type=int, default=8, help="most choices (n) per request")
+    g = p.add_argument_group("structured output (grammar compilation, per request)")
+    g.add_argument("--grammar-time-budget", type=float, default=5.0,
+                   help="seconds one grammar may take to compile before a 400 (default: 5)")
+    g.add_argument("--grammar-memory-budget", type=int, default=1024,
+                   help="MiB one grammar compilation may use before a 400 (default: 1024)")
+    g.add_argument("--grammar-max-bytes", type=int, default=256 * 1024,
+                   help="largest schema / grammar source accepted (default: 256 KiB)")
+    g.add_argument("--grammar-workers", type=int, default=1,
+                   help="sandbox processes compiling grammars in parallel (default: 1)")
+    t = p.add_argument_group("connections and lifecycle")
+    t.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                   help="close an idle keep-alive connection after this many s (default: 5)")
+    t.add_argument("--timeout-headers", type=float, default=10.0,
+                   help="a request's line and headers must arrive within this many s "
+                        "(default: 10)")
+    t.add_argument("--timeout-body", type=float, default=30.0,
+                   help="a request's body must arrive within this many s (default: 30)")
+    t.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM, running requests may finish within this many s; then "
+                        "they end with an error event (default: 10)")
+    t.add_argument("--stall-after", type=float, default=60.0,
+                   help="/health answers 503 once the engine loop is stuck this long "
+                        "(default: 60)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_serve)

@@ -2,14 +2,18 @@
 
 `visible_text` decodes the ids a request can no longer change and keeps only what is final:
 complete UTF-8, cut at EOS / stop ids and at the first stop string, holding back a tail that could
-still grow into a stop string. `ChatDeltas` turns that text into content and tool calls; fed the
-growing text step by step and then the final text, it emits exactly what a non-streamed answer
-holds (the same content, the same calls), so streamed chunks always concatenate to the answer.
+still grow into a stop string. `ChatDeltas` turns that text into content and tool-call deltas
+(id and name first, then argument pieces, as OpenAI streams them); fed the growing text step by
+step and then the final text, it emits what a non-streamed answer holds (the same content, the
+same well-formed calls), so streamed chunks concatenate to the answer.
 This module knows nothing about HTTP or the engine loop.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,16 +57,69 @@ def _stable_end(text: str) -> int:
     """How much of `text` parses the same whatever comes next: up to the first tool call that is
     still open, or up to a tail that could still become `<tool_call>` / `</tool_call>`."""
     pos = 0
+    for open_, end, closed in _call_spans(text):
+        if not closed and end == len(text):
+            return open_
+        pos = end
+    return len(text) - _held_suffix(text[pos:], [TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
+
+
+def _call_spans(text: str) -> list[tuple[int, int, bool]]:
+    """(open, end, closed) of each `<tool_call>` span; an unclosed one ends where the next
+    begins or at the end of the text (as `parse_tool_calls` reads them)."""
+    spans, pos = [], 0
     while (open_ := text.find(TOOL_CALL_OPEN, pos)) != -1:
         body = open_ + len(TOOL_CALL_OPEN)
         close, reopen = text.find(TOOL_CALL_CLOSE, body), text.find(TOOL_CALL_OPEN, body)
         if reopen != -1 and (close == -1 or reopen < close):
-            pos = reopen  # an unclosed call cut short by the next one: final as it is
+            spans.append((open_, reopen, False))
+            pos = reopen
         elif close == -1:
-            return open_
+            spans.append((open_, len(text), False))
+            break
         else:
             pos = close + len(TOOL_CALL_CLOSE)
-    return len(text) - _held_suffix(text[pos:], [TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
+            spans.append((open_, pos, True))
+    return spans
+
+
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def _value_end(text: str) -> int | None:
+    """Where the JSON object or array at the start of `text` ends; None while it is open."""
+    depth, in_string, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth <= 0:
+                return i + 1
+    return None
+
+
+def _call_so_far(span: str, closed: bool) -> tuple[str, str] | None:
+    """(name, raw arguments text so far) of one `<tool_call>` span, once its name is known."""
+    body = span[len(TOOL_CALL_OPEN):]
+    if closed:
+        body = body[:-len(TOOL_CALL_CLOSE)]
+    else:
+        body = body[:len(body) - _held_suffix(body, [TOOL_CALL_CLOSE])]
+    m = _HEADER.match(body)
+    if m is None:
+        return None
+    try:
+        name = json.loads(m.group(1))
+    except ValueError:
+        return None
+    args = body[m.end():]
+    end = _value_end(args)
+    return name, args if end is None else args[:end]
 
 
 @dataclass
@@ -72,7 +129,11 @@ class ChatDeltas:
     With tools off, content is the generated text as it is. With tools on, `<tool_call>` spans
     become OpenAI tool calls and the rest is content (stripped, as `parse_tool_calls` does);
     `parallel=False` keeps only the first call. `prefix` is text the server put at the start of
-    the answer (a forced tool-call opening), parsed as if generated.
+    the answer (a forced tool-call opening), parsed as if generated. A call is streamed as
+    OpenAI streams it: its id and name as soon as the name is written, then its arguments text
+    as it settles; `arguments` is the text the model wrote (JSON, parsed to check it), so the
+    streamed pieces join to the non-streamed answer. A call found malformed at the end is
+    dropped from a non-streamed answer and reported in `errors` (a stream has sent its start).
     """
 
     tools: bool
@@ -83,22 +144,54 @@ class ChatDeltas:
     errors: list[str] = field(default_factory=list)
 
     def update(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
-        """(new content, new tool calls) given the answer's text so far."""
+        """(new content, tool-call deltas) given the answer's text so far."""
         if not self.tools:
-            return self._advance(text, [])
+            return self._advance(text), []
         text = self.prefix + text
         parsed = parse_tool_calls(text if final else text[:_stable_end(text)])
-        calls = parsed.tool_calls if self.parallel else parsed.tool_calls[:1]
         if final:
             self.errors = parsed.errors
-        return self._advance(parsed.content, calls[len(self.calls):])
+        deltas = []
+        for i, (open_, end, closed) in enumerate(_call_spans(text)):
+            now = _call_so_far(text[open_:end], closed)
+            if now is None or (final and not _valid(text[open_:end])):
+                continue
+            if not self.parallel and any(c["_span"] != i for c in self.calls):
+                break
+            deltas += self._call_delta(i, *now)
+        return self._advance(parsed.content), deltas
 
-    def _advance(self, content: str, new_calls: list[dict]) -> tuple[str, list[dict]]:
+    def _call_delta(self, span_index: int, name: str, args: str) -> list[dict]:
+        known = {c["_span"]: n for n, c in enumerate(self.calls)}
+        out = []
+        if span_index not in known:
+            known[span_index] = len(self.calls)
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                    "function": {"name": name, "arguments": ""}, "_span": span_index}
+            self.calls.append(call)
+            out.append({"index": known[span_index], "id": call["id"], "type": "function",
+                        "function": {"name": name, "arguments": ""}})
+        fn = self.calls[known[span_index]]["function"]
+        if args.startswith(fn["arguments"]) and len(args) > len(fn["arguments"]):
+            out.append({"index": known[span_index],
+                        "function": {"arguments": args[len(fn["arguments"]):]}})
+            fn["arguments"] = args
+        return out
+
+    def openai_calls(self) -> list[dict]:
+        """The calls as a message's `tool_calls`."""
+        return [{k: v for k, v in c.items() if k != "_span"} for c in self.calls]
+
+    def _advance(self, content: str) -> str:
         if not content.startswith(self.content):  # cannot happen for prefix-stable input
             content = self.content
         delta, self.content = content[len(self.content):], content
-        self.calls.extend(new_calls)
-        return delta, new_calls
+        return delta
+
+
+def _valid(span: str) -> bool:
+    """The span parses as one well-formed tool call."""
+    return len(parse_tool_calls(span).tool_calls) == 1
 
 
 @dataclass

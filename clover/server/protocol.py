@@ -125,11 +125,11 @@ class _Request(_Strict):
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None  # None: the server default
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    n: int = 1
+    n: Annotated[int, Field(ge=1)] = 1
     stop: Annotated[str | list[str] | None, Field(validate_default=True)] = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-2**63, lt=2**64)] | None = None  # torch.Generator's range
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
@@ -164,8 +164,6 @@ class _Request(_Strict):
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, why) for OpenAI features this server does not implement."""
         out = []
-        if self.n != 1:
-            out.append(("n", "only n=1 is supported: send one request per choice"))
         if self.presence_penalty or self.frequency_penalty:
             name = "presence_penalty" if self.presence_penalty else "frequency_penalty"
             out.append((name, "penalties are not supported by a diffusion decoder (use 0)"))
@@ -189,19 +187,23 @@ class ChatCompletionRequest(_Request):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
-        if self.logprobs or self.top_logprobs:
-            out.append(("logprobs", "logprobs are not supported"))
+        if self.top_logprobs is not None and not self.logprobs:
+            out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
         return out
+
+    def logprobs_k(self) -> int | None:
+        """SamplingParams.logprobs: None, or how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # as the OpenAI API: at most 5
     best_of: int | None = None
     suffix: str | None = None
 
@@ -209,13 +211,14 @@ class CompletionRequest(_Request):
         out = super().unsupported()
         if self.echo:
             out.append(("echo", "echo is not supported"))
-        if self.logprobs:
-            out.append(("logprobs", "logprobs are not supported"))
-        if self.best_of not in (None, 1):
-            out.append(("best_of", "only best_of=1 is supported"))
+        if self.best_of not in (None, 1, self.n):
+            out.append(("best_of", "best_of must equal n (or be left out)"))
         if self.suffix:
             out.append(("suffix", "suffix (insertion) is not supported"))
         return out
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
 
 # ---- parsing ------------------------------------------------------------------------------------
@@ -236,6 +239,8 @@ def parse_request(cls: type[R], body: bytes) -> R:
 def _validation_error(e: ValidationError) -> ApiError:
     err = e.errors(include_url=False)[0]
     kind, param = err["type"], _param(err["loc"])
+    if kind == "json_invalid" and "recursion limit" in str(err["msg"]):
+        return ApiError(400, "the request body is nested too deeply", code="invalid_json")
     if kind == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({err['msg']})",
                         code="invalid_json")

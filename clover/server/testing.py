@@ -43,22 +43,28 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.
 
 
 class ScriptedModel(CloverModel):
-    """A CloverModel whose logits obey `script` where it has an entry; `delay_s` slows every
+    """A CloverModel whose logits obey `script` where it has an entry; `bias` (token id ->
+    added logit) tilts every position toward some tokens (digits, say); `delay_s` slows every
     forward (to hold batch rows busy in tests)."""
 
     script: dict[int, int]
+    bias: dict[int, float]
     delay_s: float
 
     @classmethod
     def wrap(cls, model: CloverModel) -> ScriptedModel:
         model.__class__ = cls
-        model.script, model.delay_s = {}, 0.0
+        model.script, model.bias, model.delay_s = {}, {}, 0.0
         return model
 
     def forward(self, ids_BL, pos_BL=None, **kw):
         out = super().forward(ids_BL, pos_BL, **kw)
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.bias:
+            ids = list(self.bias)
+            out.logits[..., ids] += torch.tensor([self.bias[t] for t in ids],
+                                                 dtype=out.logits.dtype)
         if not self.script or pos_BL is None or kw.get("logits_mask_BL") is None:
             return out
         shift = 1 if self.config.attention == "causal" or self.config.shift_logits else 0

@@ -1,11 +1,15 @@
 """The engine loop: one thread owns the `Engine`; HTTP handlers talk to it through queues.
 
-Handlers `submit` jobs (a bounded queue: `QueueFull` when it is full) and `abort` them; both are
-thread-safe and never touch the engine. The loop thread admits waiting jobs between steps while a
+Handlers `submit` jobs (a bounded queue: `QueueFull` when more than `max_queue` jobs would wait
+beyond the free batch rows) and `abort` them; both are thread-safe and never touch the engine.
+A job arrives with its grammar constraint already compiled (off this thread), so the loop never
+waits on a compiler. The loop thread admits waiting jobs between steps while a
 batch row and the tokens-in-flight budget allow, steps the engine, and posts events back to each
 job's asyncio queue with `loop.call_soon_threadsafe`: `Started`, then (streams) `Update`s of the
 settled ids, then `Finished` or `Failed`. A failure is reported to its own request only: a grammar
 error aborts that request, a failed step fails the requests in that batch, and the loop lives on.
+`heartbeat` tells /health how long the loop has been busy with one tick (a stall shows there);
+`evict` ends every job with an error (graceful shutdown, once the grace period is over).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clover.engine.llm import Engine
+from clover.engine.logprobs import TokenLogprob
 from clover.engine.params import SamplingParams
 from clover.engine.request import Request, RequestOutput
 from clover.server.metrics import Metrics
@@ -38,6 +43,7 @@ class Update:
     settled_ids: list[int]  # every generated id that can no longer change, in order
     block: list[int] | None = None  # the active block (mask id where masked), if asked for
     settled_in_block: int = 0
+    logprobs: list | None = None  # TokenLogprob of each settled id, if asked for
 
 
 @dataclass
@@ -60,6 +66,16 @@ def context_length(engine: Engine) -> int:
     return getattr(engine, "max_model_len", None) or engine.runner.cache.capacity
 
 
+def settled_logprobs(r: Request, settled: list[int]) -> list[TokenLogprob]:
+    """The recorded logprob of each settled id (0.0 for one the grammar forced)."""
+    start, out = len(r.prompt), []
+    for i, token in enumerate(settled):
+        entry = r.token_logprobs.get(start + i)
+        out.append(entry if entry is not None and entry.token_id == token else
+                   TokenLogprob(token, 0.0, [(token, 0.0)] if r.params.logprobs else []))
+    return out
+
+
 class QueueFull(Exception):
     """The waiting queue is full; answer 429 and let the client retry."""
 
@@ -76,6 +92,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     stream: bool = False
     provisional: bool = False
+    index: int = 0  # which of the request's n choices (events are posted as (index, event))
+    constraint: Any = None  # compiled grammar constraint for params.structured, if any
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted_s: float = field(default_factory=time.perf_counter)
     # owned by the loop thread
@@ -90,7 +108,7 @@ class Job:
 
     def post(self, event: Event) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
         except RuntimeError:  # the event loop is closed: the server is shutting down
             pass
 
@@ -146,6 +164,8 @@ class EngineWorker:
         self._aborts: set[str] = set()
         self._running: dict[str, Job] = {}
         self._tokens_in_flight = 0
+        self._evict: tuple[int, str, str] | None = None
+        self._beat = time.monotonic()  # when the loop last started a tick
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -164,17 +184,31 @@ class EngineWorker:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Queue jobs (all or none: the n choices of one request go together)."""
         if not self.alive:
             raise WorkerDead("the engine loop is not running")
-        if job.tokens > self.max_tokens_in_flight:
-            raise ValueError(f"prompt + max_tokens = {job.tokens} tokens exceeds the server's "
-                             f"max tokens in flight ({self.max_tokens_in_flight})")
+        for job in jobs:
+            if job.tokens > self.max_tokens_in_flight:
+                raise ValueError(f"prompt + max_tokens = {job.tokens} tokens exceeds the "
+                                 f"server's max tokens in flight ({self.max_tokens_in_flight})")
         with self._lock:
-            if len(self._pending) >= self.max_queue:
+            # jobs that would wait: queued or new, beyond the rows free now
+            free = self.max_batch - len(self._running)
+            if len(self._pending) + len(jobs) - free > self.max_queue:
                 raise QueueFull(f"the request queue is full ({self.max_queue} waiting)")
-            self._pending.append(job)
+            self._pending.extend(jobs)
         self._wake.set()
+
+    def evict(self, status: int, message: str, code: str) -> None:
+        """End every queued and running job with this error (from any thread)."""
+        with self._lock:
+            self._evict = (status, message, code)
+        self._wake.set()
+
+    def heartbeat(self) -> float:
+        """Seconds since the loop last began a tick (small unless a step or admission hangs)."""
+        return time.monotonic() - self._beat
 
     def abort(self, request_id: str) -> None:
         """Drop a job (the client went away); frees its batch row before the next step."""
@@ -201,9 +235,11 @@ class EngineWorker:
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.error("engine loop error:\n%s", traceback.format_exc())
                 self._fail_running("internal error in the engine loop")
-        self._fail_running("the server is shutting down", status=503)
+        self._fail_running("the server is shutting down", status=503, code="shutting_down")
 
     def _tick(self) -> None:
+        self._beat = time.monotonic()
+        self._apply_evict()
         self._apply_aborts()
         self._admit()
         if not self._running:
@@ -222,6 +258,19 @@ class EngineWorker:
             return
         self.metrics.observe_step(time.perf_counter() - t0, len(self._running))
         self._publish(done)
+
+    def _apply_evict(self) -> None:
+        with self._lock:
+            evict, self._evict = self._evict, None
+            pending = list(self._pending) if evict else []
+            if evict:
+                self._pending.clear()
+        if evict is None:
+            return
+        status, message, code = evict
+        for job in pending:
+            job.post(Failed(status, message, code))
+        self._fail_running(message, status=status, code=code)
 
     def _apply_aborts(self) -> None:
         with self._lock:
@@ -249,7 +298,8 @@ class EngineWorker:
 
     def _start(self, job: Job) -> None:
         try:
-            r = self.engine.add_request(job.prompt_ids, job.params, job.request_id)
+            r = self.engine.add_request(job.prompt_ids, job.params, job.request_id,
+                                        constraint=job.constraint)
         except Exception as e:  # noqa: BLE001 - a request the engine refuses is a client error
             job.post(Failed(400, str(e), "invalid_request"))
             return
@@ -295,19 +345,21 @@ class EngineWorker:
             return
         job.sent, job.sent_block = len(settled), block
         in_block = len(settled) - r.num_generated
-        job.post(Update(settled, block, in_block))
+        logprobs = settled_logprobs(r, settled) if r.params.logprobs is not None else None
+        job.post(Update(settled, block, in_block, logprobs))
 
     def _output(self, r: Request) -> RequestOutput:
         return self.engine.output(r)
 
-    def _fail_running(self, message: str, status: int = 500) -> None:
+    def _fail_running(self, message: str, status: int = 500,
+                      code: str = "generation_error") -> None:
         for job in list(self._running.values()):
             try:
                 self.engine.abort(job.request_id)
             except Exception:  # noqa: BLE001 - the engine is already in trouble
                 log.error("abort failed:\n%s", traceback.format_exc())
             self._release(job)
-            job.post(Failed(status, message, "generation_error"))
+            job.post(Failed(status, message, code))
         if self._stopping:
             with self._lock:
                 pending, self._pending = list(self._pending), deque()
