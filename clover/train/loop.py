@@ -11,6 +11,8 @@ uses torch.distributed (`distributed.py`); rank 0 alone writes files and prints 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import time
@@ -37,7 +39,13 @@ from clover.train.data import (
     step_indices,
 )
 from clover.train.distributed import DistEnv, all_reduce_sum, init_distributed, resolve_device
-from clover.train.objectives import OBJECTIVES, ObjectiveModule, batch_noise, first_target
+from clover.train.objectives import (
+    OBJECTIVES,
+    Objective,
+    ObjectiveModule,
+    batch_noise,
+    first_target,
+)
 from clover.train.parallel import PARALLEL, full_model
 from clover.train.progress import Display
 
@@ -54,6 +62,15 @@ def default_collator(model_config, eos_fill: str | None = None) -> Collator:
                     block_size=model_config.block_size, eos_fill=fill,
                     pad_multiple=model_config.block_size if mode == "block" else 1,
                     first_target=first_target(model_config))
+
+
+def _objective(mode: str, share_prefix: bool) -> Objective:
+    """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
+    every row instead of sharing it through a KV cache (same loss and gradients)."""
+    objective = OBJECTIVES[mode]
+    if share_prefix or "share_prefix" not in inspect.signature(objective).parameters:
+        return objective
+    return functools.partial(objective, share_prefix=False)
 
 
 @dataclass
@@ -88,7 +105,7 @@ class Trainer:
         self.parallel = PARALLEL[config.parallel]()
         self.parallel.shard(self.model, self.env, self.device, config.bf16)
         self.collator = collator or default_collator(model.config)
-        self.objective = OBJECTIVES[model.config.attention]
+        self.objective = _objective(model.config.attention, self.parallel.shares_prefix)
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()

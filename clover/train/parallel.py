@@ -22,6 +22,7 @@ from clover.train.distributed import DistEnv
 
 class Parallel(Protocol):
     sharded: bool  # checkpoints through torch.distributed.checkpoint (resharded on load)
+    shares_prefix: bool  # the objective may run a common prompt prefix once, through a cache
 
     def shard(self, model: CloverModel, env: DistEnv, device: torch.device,
               bf16: bool) -> None: ...
@@ -40,6 +41,7 @@ class DDP:
     """torch DistributedDataParallel over the objective module (nothing to do in one process)."""
 
     sharded = False
+    shares_prefix = True
 
     def shard(self, model: CloverModel, env: DistEnv, device: torch.device, bf16: bool) -> None:
         pass
@@ -72,6 +74,10 @@ class FSDP:
     so a run can move between world sizes)."""
 
     sharded = True
+    # FSDP2 gathers a block's weights for backward when gradient reaches the block's outputs; a
+    # shared-prefix KV cache carries gradient into the prefix pass around them, so every row
+    # recomputes its prefix instead (same loss and gradients, more compute).
+    shares_prefix = False
 
     def __init__(self) -> None:
         self.active = False
