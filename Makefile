@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel on disk instead of a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[serve,grammar,bench,dev]'
+	$(PIP) install -q -e '.[serve,ray,grammar,bench,dev]'
 	touch $(STAMP)
 
 setup: $(STAMP) browser-deps
