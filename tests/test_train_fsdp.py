@@ -33,7 +33,8 @@ def _examples(n: int, seed: int = 0) -> list:
 
 
 def _model(seed: int = 0):
-    return build_model(get_preset("tiny", router="sigmoid"), seed=seed)
+    """tiny with two MoE layers (sigmoid routers: expert-bias buffers travel in checkpoints)."""
+    return build_model(get_preset("tiny", router="sigmoid", num_layers=3), seed=seed)
 
 
 def _config(parallel: str, **kw) -> TrainConfig:
@@ -140,7 +141,7 @@ def test_exported_model_loads_and_decodes(fsdp_run, single_run):
     prompt = "The weather in Paris"
     got = LLM(str(fsdp_run / "export"), device="cpu").generate([prompt], params)[0]
     want = LLM(single.model, got_tokenizer(fsdp_run), device="cpu").generate([prompt], params)[0]
-    assert len(got.token_ids) >= 4 and got.token_ids == want.token_ids, got.finish_reason
+    assert got.token_ids and got.token_ids == want.token_ids, got.finish_reason
 
 
 def got_tokenizer(root: Path):

@@ -68,10 +68,13 @@ class DDP:
 
 
 class FSDP:
-    """FSDP2: every transformer block is one `fully_shard` unit, the root (embeddings, final norm,
-    head) another; bf16 runs gather parameters in bf16 and reduce gradients in fp32. In a single
-    process there is nothing to shard and the plain model trains (checkpoints stay sharded-format,
-    so a run can move between world sizes)."""
+    """FSDP2: each transformer block is sharded as two `fully_shard` units, its attention and its
+    FFN / MoE, and the root (embeddings, norms, head) is one more; bf16 runs gather parameters in
+    bf16 and reduce gradients in fp32. In a single process there is nothing to shard and the plain
+    model trains (checkpoints stay sharded-format, so a run can move between world sizes).
+
+    Why not the Block itself: FSDP2 rebuilds the containers among a unit's inputs, and a Block
+    appends its MoE routing stats to a list it is handed, so the appends would land in a copy."""
 
     sharded = True
     # FSDP2 gathers a block's weights for backward when gradient reaches the block's outputs; a
@@ -93,7 +96,8 @@ class FSDP:
         if bf16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(block.attn, mesh=mesh, mp_policy=mp)
+            fully_shard(block.ffn, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         self.active = True
 
