@@ -2,7 +2,7 @@
 
 Pure arithmetic on the meta-device model's parameter counts (no weights, no GPU): for training
 under FSDP2 (`clover train --parallel fsdp`: fp32 master weights, gradients and AdamW state
-sharded over all GPUs, one block gathered in bf16 at a time) and for serving as replicas, tensor
+sharded over all GPUs, one unit gathered in bf16 at a time) and for serving as replicas, tensor
 parallelism or expert parallelism, it gives each GPU's bytes for weights, optimizer state, KV
 cache and activations, and whether that fits. Estimates, stated with their assumptions in
 `ASSUMPTIONS`; a real run's allocator overhead and fragmentation come on top.
@@ -20,7 +20,8 @@ BF16, FP32 = 2, 4
 ASSUMPTIONS = (
     "--gpu-mem is GiB; 10% of it is kept back for the CUDA context, allocator and workspaces",
     "training: bf16 compute, fp32 master weights + fp32 gradients + AdamW m and v (16 B/param), "
-    "sharded over every GPU (FSDP2); two blocks gathered in bf16 at once (one prefetched)",
+    "sharded over every GPU (FSDP2); the largest unit (a block's MoE) gathered in bf16 twice "
+    "(one prefetched)",
     "training activations: bf16, per token per layer as counted in `activation_bytes_per_token`; "
     "block diffusion runs clean + noisy copies, so 2x the tokens; fp32 logits for every token "
     "(an upper bound: the loss reads only target positions)",
@@ -57,7 +58,7 @@ class Counts:
     total: int
     routed: int  # routed experts (split by expert parallelism)
     embed: int  # embedding + output head
-    largest_block: int  # the biggest FSDP unit (one transformer block)
+    largest_unit: int  # the biggest FSDP unit (a block's attention or its FFN / MoE)
 
 
 def counts(config: ModelConfig) -> Counts:
@@ -68,7 +69,8 @@ def counts(config: ModelConfig) -> Counts:
     routed = sum(p.numel() for b in model.layers if b.is_moe
                  for p in b.ffn.experts.parameters())
     embed = model.embed.weight.numel() + (model.lm_head.weight.numel() if model.lm_head else 0)
-    largest = max(sum(p.numel() for p in b.parameters()) for b in model.layers)
+    largest = max(sum(p.numel() for p in m.parameters()) for b in model.layers
+                  for m in (b.attn, b.ffn))
     return Counts(total, routed, embed, largest)
 
 
@@ -98,13 +100,13 @@ def training(config: ModelConfig, n: Counts, plan: PlanConfig) -> dict[str, Any]
     copies = 2 if config.attention == "block" else 1  # clean + noisy copies of the sequence
     tokens = plan.micro_batch * plan.seq_len * copies
     states = 16 * n.total / plan.gpus
-    gathered = 2 * n.largest_block * BF16
+    gathered = 2 * n.largest_unit * BF16
     logits = tokens * config.vocab_size * FP32
     full_acts = tokens * config.num_layers * activation_bytes_per_token(config)
     ckpt_acts = tokens * (config.num_layers * config.dim * BF16
                           + activation_bytes_per_token(config))
     base = states + gathered + logits
-    return {"sharded_states": states, "gathered_blocks": gathered, "logits": logits,
+    return {"sharded_states": states, "gathered_units": gathered, "logits": logits,
             "activations": full_acts, "activations_checkpointed": ckpt_acts,
             "total": base + full_acts, "total_checkpointed": base + ckpt_acts,
             "tokens_per_gpu": tokens}
@@ -139,7 +141,7 @@ def make_plan(config: ModelConfig, plan: PlanConfig) -> dict[str, Any]:
     return {"name": config.name, "gpus": plan.gpus, "gpu_mem_gib": plan.gpu_mem_gib,
             "usable_bytes": usable, "seq_len": plan.seq_len, "micro_batch": plan.micro_batch,
             "params": {"total": n.total, "routed_experts": n.routed, "embed_and_head": n.embed,
-                       "largest_block": n.largest_block},
+                       "largest_fsdp_unit": n.largest_unit},
             "training_fsdp": train, "serving": serving(config, n, plan),
             "min_gpus_fsdp_checkpointed": _min_gpus(config, n, plan),
             "assumptions": list(ASSUMPTIONS)}
@@ -188,7 +190,7 @@ def _train_table(p: dict[str, Any]):
     for col in ("", "no checkpointing", "per-block checkpointing"):
         table.add_column(col, justify="right" if col else "left")
     rows = [("params + grads + AdamW (fp32, sharded)", t["sharded_states"], t["sharded_states"]),
-            ("gathered blocks (bf16)", t["gathered_blocks"], t["gathered_blocks"]),
+            ("gathered units (bf16)", t["gathered_units"], t["gathered_units"]),
             ("logits (fp32)", t["logits"], t["logits"]),
             ("activations (bf16)", t["activations"], t["activations_checkpointed"]),
             ("total", t["total"], t["total_checkpointed"])]

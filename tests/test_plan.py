@@ -11,14 +11,15 @@ from clover.plan import GIB, PlanConfig, activation_bytes_per_token, counts, mak
 
 
 def test_counts_split_the_real_model():
-    """Routed-expert, embedding and largest-block counts equal a materialised model's."""
+    """Routed-expert, embedding and largest-FSDP-unit (the MoE) counts equal a materialised
+    model's."""
     config = get_preset("tiny")
     model = build_model(config)
     n = counts(config)
     assert n.total == sum(p.numel() for p in model.parameters())
     assert n.routed == sum(p.numel() for p in model.layers[1].ffn.experts.parameters())
     assert n.embed == model.embed.weight.numel() + model.lm_head.weight.numel()
-    assert n.largest_block == max(sum(p.numel() for p in b.parameters()) for b in model.layers)
+    assert n.largest_unit == sum(p.numel() for p in model.layers[1].ffn.parameters())
 
 
 def test_fsdp_shards_states_and_expert_parallel_splits_experts():

@@ -93,6 +93,8 @@ class FSDP:
 
         mesh = init_device_mesh(device.type, (env.world,))
         mp = MixedPrecisionPolicy()
+        if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("--bf16: this GPU has no bfloat16; train in fp32 (drop --bf16)")
         if bf16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.layers:
