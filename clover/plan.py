@@ -143,17 +143,18 @@ def make_plan(config: ModelConfig, plan: PlanConfig) -> dict[str, Any]:
             "params": {"total": n.total, "routed_experts": n.routed, "embed_and_head": n.embed,
                        "largest_fsdp_unit": n.largest_unit},
             "training_fsdp": train, "serving": serving(config, n, plan),
-            "min_gpus_fsdp_checkpointed": _min_gpus(config, n, plan),
+            "min_gpus_fsdp": _min_gpus(config, n, plan, "total"),
+            "min_gpus_fsdp_checkpointed": _min_gpus(config, n, plan, "total_checkpointed"),
             "assumptions": list(ASSUMPTIONS)}
 
 
-def _min_gpus(config: ModelConfig, n: Counts, plan: PlanConfig) -> int | None:
-    """The fewest GPUs of this size that hold FSDP2 training with checkpointing (None: > 1024)."""
+def _min_gpus(config: ModelConfig, n: Counts, plan: PlanConfig, key: str) -> int | None:
+    """The fewest GPUs of this size whose FSDP2 training `key` fits (None: more than 1024)."""
     usable = plan.gpu_mem_gib * GIB * 0.9
     for g in range(1, 1025):
         trial = PlanConfig(gpus=g, gpu_mem_gib=plan.gpu_mem_gib, seq_len=plan.seq_len,
                            micro_batch=plan.micro_batch)
-        if training(config, n, trial)["total_checkpointed"] <= usable:
+        if training(config, n, trial)[key] <= usable:
             return g
     return None
 
@@ -165,8 +166,9 @@ def render_plan(p: dict[str, Any]) -> str:
     console = Console(record=True, width=100)
     with console.capture() as capture:
         console.print(_train_table(p))
-        console.print(f"fewest {p['gpu_mem_gib']:g} GiB GPUs for FSDP2 training with per-block "
-                      f"checkpointing: {p['min_gpus_fsdp_checkpointed']}")
+        console.print(f"fewest {p['gpu_mem_gib']:g} GiB GPUs for FSDP2 training: "
+                      f"{p['min_gpus_fsdp']} (no checkpointing, as `clover train` runs today), "
+                      f"{p['min_gpus_fsdp_checkpointed']} with per-block checkpointing")
         console.print(_serve_table(p))
         for line in p["assumptions"]:
             console.print(f"- {line}", highlight=False)

@@ -39,12 +39,15 @@ def test_fsdp_shards_states_and_expert_parallel_splits_experts():
 
 
 def test_min_gpus_is_the_boundary():
-    """The reported fewest GPUs fits with checkpointing, one fewer does not."""
+    """The reported fewest GPUs fit, one fewer does not (with and without checkpointing)."""
     config = get_preset("clover-35b-a3b")
     plan = make_plan(config, PlanConfig(gpus=8, gpu_mem_gib=80))
-    g = plan["min_gpus_fsdp_checkpointed"]
-    assert make_plan(config, PlanConfig(gpus=g))["training_fsdp"]["fits_checkpointed"]
-    assert not make_plan(config, PlanConfig(gpus=g - 1))["training_fsdp"]["fits_checkpointed"]
+    for key, fits in (("min_gpus_fsdp", "fits"), ("min_gpus_fsdp_checkpointed",
+                                                  "fits_checkpointed")):
+        g = plan[key]
+        assert make_plan(config, PlanConfig(gpus=g))["training_fsdp"][fits]
+        assert not make_plan(config, PlanConfig(gpus=g - 1))["training_fsdp"][fits]
+    assert plan["min_gpus_fsdp_checkpointed"] < plan["min_gpus_fsdp"]
 
 
 def test_activation_bytes_by_hand():

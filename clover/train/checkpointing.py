@@ -12,8 +12,10 @@ loop decides when.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,8 @@ def _write_sharded(tmp: Path, model: CloverModel, optimizer: torch.optim.Optimiz
         tmp.mkdir(parents=True)
     barrier(env)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / SHARDED_DIR)
+    with _one_process_quiet():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / SHARDED_DIR)
     if env.is_main:
         model.config.save(tmp / checkpoint.CONFIG_FILE)
         if tokenizer is not None:
@@ -107,8 +110,18 @@ def _read_sharded(path: Path, model: CloverModel, optimizer: torch.optim.Optimiz
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path / SHARDED_DIR)
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=path / SHARDED_DIR)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     rng = torch.load(path / RNG_FILE, weights_only=True)
     torch.set_rng_state(rng["rng_cpu"])
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP warns on every save and load without a process group; one process is a supported
+    case here (a sharded checkpoint resumed at world size 1), so say nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
