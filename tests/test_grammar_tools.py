@@ -13,7 +13,6 @@ from test_grammar import EOS, PROMPTS, VOCAB, corpus, ids_of, tiny_llm
 
 from clover.engine import SamplingParams
 from clover.grammar import compile_matcher, tool_call_lark
-from clover.grammar.tools import ordered_calls_lark
 from clover.tasks.airspace import NO_ZONE_REPLY, TOOLS, assistant_text, generate_examples
 from clover.tokenizer import parse_tool_calls, train_tokenizer
 
@@ -150,42 +149,3 @@ def test_parallel_tool_calls_false_allows_one_call_at_most(tok):
         compile_matcher({**one, "parallel_tool_calls": "no"}, tok, VOCAB, EOS)
     with pytest.raises(ValueError, match="only goes with"):
         compile_matcher({"regex": "a", "parallel_tool_calls": False}, tok, VOCAB, EOS)
-
-
-def _zone(zone_id: str) -> dict:
-    return {**SCHEMAS["set_zone"], "properties": {**SCHEMAS["set_zone"]["properties"],
-                                                  "zone_id": {"const": zone_id}}}
-
-
-def test_ordered_calls_take_each_slot_once_in_order(tok):
-    """Slots are called in order, each at most once, any skipped, unless a required range
-    owes one of its slots."""
-    def call(name, zone_id):
-        args = {"zone_id": zone_id, "radius": 5} if name == "set_zone" else {"zone_id": zone_id}
-        return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
-
-    a, b, c = call("set_zone", "A"), call("set_zone", "B"), call("clear_zone", "X")
-    slots = [("set_zone", _zone("A")), ("clear_zone", SCHEMAS["clear_zone"]),
-             ("set_zone", _zone("B"))]
-    lark = {"lark": ordered_calls_lark(slots)}
-    for ok in (a, b, c, f"{a}\n{b}", f"{a}\n{c}\n{b}", "No zone.", f"Setting.\n{a}"):
-        assert accepts(tok, lark, ok), ok
-    for bad in (f"{b}\n{a}", f"{a}\n{a}", f"{b}\n{c}", f"{c}\n{c}", call("set_zone", "C"),
-                a.replace('"radius": 5', '"radius": 500'), f"{a}\n"):
-        assert not accepts(tok, lark, bad), bad
-    # one of slots 1..2 owed: the turn must reach it, and may not end as text
-    owed = {"lark": ordered_calls_lark(slots, [range(1, 3)])}
-    for ok in (b, c, f"{a}\n{b}", f"{a}\n{c}", f"{c}\n{b}", f"Setting.\n{b}"):
-        assert accepts(tok, owed, ok), ok
-    for bad in (a, "No zone.", f"{b}\n{c}"):
-        assert not accepts(tok, owed, bad), bad
-    two = {"lark": ordered_calls_lark(slots, [range(0, 1), range(2, 3)])}
-    assert accepts(tok, two, f"{a}\n{b}") and accepts(tok, two, f"{a}\n{c}\n{b}")
-    assert not accepts(tok, two, a) and not accepts(tok, two, b)
-    with pytest.raises(ValueError, match="disjoint ranges"):
-        ordered_calls_lark(slots, [range(0, 2), range(1, 3)])
-    assert accepts(tok, {"lark": ordered_calls_lark([])}, "No zone.")
-    short = {"lark": ordered_calls_lark([("set_zone", _zone("A"))], max_text=12)}
-    assert accepts(tok, short, "No zone.") and accepts(tok, short, f"Setting:\n{a}")
-    assert not accepts(tok, short, "No zone at all here.")
-    assert not accepts(tok, {"lark": ordered_calls_lark([])}, a)

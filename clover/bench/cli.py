@@ -13,6 +13,7 @@ from pathlib import Path
 
 from clover.bench.config import DEFAULT_AR_MODEL, DEFAULT_MODEL, TASKS, BenchConfig, make_config
 from clover.bench.quant import PRECISIONS
+from clover.tasks.airspace.contract import add_grammar_flag
 
 
 def _list(kind: type) -> Callable[[str], tuple]:
@@ -39,7 +40,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "out", "name")}
     fields["ar_model"] = "" if args.no_ar else args.ar_model
     return make_config(args.quick, task=args.task, precisions=precisions,
-                       grammar=args.grammar, grounded=args.grounded, **fields)
+                       grammar=args.grammar, **fields)
 
 
 def out_dir(cfg: BenchConfig) -> Path:
@@ -82,7 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--messages", default=None, metavar="JSONL",
                    help="prompt file instead of the split (one {id, text, zones?} per line)")
     p.add_argument("--n", type=int, default=None, help=f"messages (full {d.n}, quick 16)")
-    p.add_argument("--split", default=None, help="airspace split (default test)")
+    p.add_argument("--split", default=None,
+                   help="airspace split: train, validation, test, heldout or real-dev (the "
+                        "hand-labelled real messages); default test")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--policies", type=_list(str), default=None,
                    help=f"commit policies (default {','.join(d.policies)})")
@@ -106,10 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"per turn (default {d.max_tokens})")
     p.add_argument("--max-turns", type=int, default=None,
                    help=f"agent turns per message (default {d.max_turns})")
-    p.add_argument("--grammar", action="store_true", help="constrain tool calls by the grammar")
-    p.add_argument("--grounded", action="store_true",
-                   help="per turn, the strict tool contract narrowed to the values the "
-                        "messages write (as clover eval airspace --grounded)")
+    add_grammar_flag(p)
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")

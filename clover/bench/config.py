@@ -15,7 +15,7 @@ from typing import Any
 
 from clover.bench.quant import INT4_NOTE, PRECISIONS
 from clover.engine import SamplingParams
-from clover.tasks.airspace import ANSWER_MAX_TOKENS
+from clover.tasks.airspace import ANSWER_MAX_TOKENS, EVAL_SPLITS
 
 DEFAULT_MODEL = "models/clover-tiny"
 DEFAULT_AR_MODEL = "models/clover-tiny-ar"
@@ -49,8 +49,7 @@ class BenchConfig:
     repeats: int = 3
     max_tokens: int = ANSWER_MAX_TOKENS
     max_turns: int = 2
-    grammar: bool = False  # constrain tool calls with the tool-call grammar
-    grounded: bool = False  # per turn: the strict contract narrowed to the turn's messages
+    grammar: bool = False  # every turn under the task's strict tool contract (contract.py)
     device: str = "auto"
     threads: int = 0  # torch threads (0: leave torch's default)
     out: str | None = None  # default runs/bench/<name or timestamp>
@@ -64,6 +63,7 @@ class BenchConfig:
         checks = [
             (self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}"),
             (self.n >= 1, "n", "must be >= 1"),
+            (self.split in EVAL_SPLITS, "split", f"must be one of {', '.join(EVAL_SPLITS)}"),
             (self.policies and all(p in KNOBS for p in self.policies), "policies",
              f"must be a non-empty list from {', '.join(KNOBS)}"),
             (all(0 < t <= 1 for t in self.taus), "taus", "must be in (0, 1]"),

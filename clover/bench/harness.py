@@ -36,9 +36,9 @@ from clover.bench.quant import (
 from clover.engine import LLM
 from clover.engine.llm import resolve_device
 from clover.model import CloverModel
-from clover.tasks.airspace import TOOLS, generate_examples, load_messages_jsonl, score
+from clover.tasks.airspace import TOOLS, load_messages_jsonl, score, split_examples
 from clover.tasks.airspace.agent import AgentRun, initial_conversation, predictions, run_agent
-from clover.tasks.airspace.contract import grounded_constraint
+from clover.tasks.airspace.contract import tool_constraint
 from clover.tokenizer import render_chat
 
 QUALITY = ("zone_f1", "zone_precision", "zone_recall", "field_accuracy",
@@ -75,7 +75,7 @@ def load_examples(cfg: BenchConfig) -> list:
         if not examples:
             raise ValueError(f"--messages {cfg.messages}: no messages in the file")
         return examples
-    return generate_examples(cfg.split, cfg.n, cfg.seed)
+    return split_examples(cfg.split, cfg.n, cfg.seed)
 
 
 @dataclass
@@ -126,15 +126,14 @@ def measure(point: Point, loaded: Loaded, examples: list, cfg: BenchConfig,
               dtype=activation_dtype(point.precision, device), max_batch_size=point.batch_size)
     params = point.params(cfg, model.config.attention == "full")
     if cfg.grammar:
-        params = params.replace(structured={"tools": TOOLS, "tool_choice": "auto"})
+        params = params.replace(structured=tool_constraint())
     llm.engine.runner.ensure_capacity(need)  # growing the KV cache mid-run would copy it
-    constrain = grounded_constraint if cfg.grounded else None  # one grammar per turn
     run_agent(llm, examples[:2], params.replace(max_tokens=min(cfg.max_tokens, 16)),
-              max_turns=1, constrain=constrain)  # warm-up: kernels, allocator, grammar compile
+              max_turns=1)  # warm-up: kernels, allocator, grammar compile
     probe = ForwardProbe(llm.engine)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    run = run_agent(llm, examples, params, max_turns=cfg.max_turns, constrain=constrain)
+    run = run_agent(llm, examples, params, max_turns=cfg.max_turns)
     row = _figures(run, probe, model, device)
     if scored:
         scores = score(predictions(run), examples)

@@ -105,8 +105,6 @@ def _best(points: list[dict]) -> list[str]:
 
 
 def _grammar(settings: dict[str, Any]) -> str:
-    if settings.get("grounded"):
-        return "grounded in each turn's messages"
     return "on" if settings["grammar"] else "off"
 
 

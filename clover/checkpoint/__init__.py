@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from clover.checkpoint.keymap import CheckpointError
 from clover.config import ModelConfig
 from clover.model import CloverModel, build_model
 
@@ -27,8 +28,6 @@ INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-class CheckpointError(ValueError):
-    """A model directory that cannot be loaded; the message names the file and key."""
 
 
 def save(model: CloverModel, tokenizer: Any | None, path: str | Path,
@@ -39,12 +38,19 @@ def save(model: CloverModel, tokenizer: Any | None, path: str | Path,
     dtype: store floating-point weights in this dtype (e.g. bfloat16 halves an fp32 model);
     `load_model(..., dtype=...)` converts them back for compute.
     """
+    return save_state(model.config, model.state_dict(), tokenizer, path, extra, dtype=dtype)
+
+
+def save_state(config: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any | None,
+               path: str | Path, extra: dict[str, str] | None = None, *,
+               dtype: torch.dtype | None = None) -> Path:
+    """`save` for a config and a state dict (importers build these without a model)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        model.config.save(tmp / CONFIG_FILE)
-        state = {k: _stored(v, dtype) for k, v in model.state_dict().items()}
+        config.save(tmp / CONFIG_FILE)
+        state = {k: _stored(v, dtype) for k, v in state.items()}
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "producer": "clover"})
         if tokenizer is not None:
             from clover.tokenizer import save_tokenizer
@@ -86,7 +92,13 @@ def load_config(path: str | Path) -> ModelConfig:
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None) -> CloverModel:
-    """Build on the meta device and assign the stored weights (converted to dtype if given)."""
+    """Build on the meta device and assign the stored weights (converted to dtype if given).
+
+    An adapter directory (LoRA over the embedded base) is merged into the base first."""
+    from clover.checkpoint.adapter import is_adapter_dir, load_adapter_model
+
+    if is_adapter_dir(path):
+        return load_adapter_model(path, device=device, dtype=dtype)
     config = load_config(path)
     model = build_model(config, device="meta")
     expected = model.state_dict()
@@ -105,6 +117,13 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
     if not tok_file.is_file():
         raise CheckpointError(f"{tok_file}: missing; save the model with its tokenizer")
     return model, load_tokenizer(path)
+
+
+def read_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every stored tensor of a model directory, checked against its config (CPU, stored dtype)."""
+    config = load_config(path)
+    expected = build_model(config, device="meta").state_dict()
+    return _read_tensors(Path(path), expected, "cpu", None)
 
 
 def _require_dir(path: str | Path) -> Path:

@@ -77,66 +77,6 @@ def tool_call_lark(tools: Any, tool_choice: Any = "auto", *, open_token: int | N
     return "\n".join(lines + [f"TEXT: {_TEXT}"])
 
 
-def ordered_calls_lark(slots: list[tuple[str, dict]], required: list[range] = (),
-                       max_text: int | None = None) -> str:
-    """Lark source for an assistant turn (text, or text then calls; tool_choice "auto") whose
-    calls follow `slots` in order: each slot, a (function name, parameters schema) pair, is
-    called at most once and any may be skipped, except that each range of slot indices in
-    `required` (contiguous, disjoint) needs at least one of its slots called, so with any
-    range the turn must call. With no slots the turn is text only. max_text: at most that many
-    characters of text (a model that wants a call the grammar no longer allows would otherwise
-    write text until max_tokens). The `<tool_call>` tags are named as special tokens (Clover's
-    tokenizers have them)."""
-    text = _TEXT if max_text is None else _TEXT.replace("+/", f"{{1,{max_text}}}/", 1)
-    if not slots:
-        return f"start: TEXT\nTEXT: {text}"
-    k = len(slots)
-    range_of: dict[int, range] = {}
-    for r in required:
-        if not r or r.step != 1 or r.start < 0 or r.stop > k or any(j in range_of for j in r):
-            raise ValueError(f"required ranges must be disjoint ranges of slot indices "
-                             f"0..{k - 1} (got {list(required)})")
-        range_of.update((j, r) for j in r)
-    rules, bodies = [], {}
-
-    def body(name: str, parameters: dict) -> str:
-        source = json.dumps(call_schema(name, parameters), ensure_ascii=False)
-        if source not in bodies:
-            bodies[source] = f"body_{len(bodies)}"
-            rules.append(f"{bodies[source]}: %json {source}")
-        return bodies[source]
-
-    def arrive(j: int) -> tuple[str, int]:  # the state at slot j once slot j-1 is settled
-        r = range_of.get(j)
-        return ("need", j) if r is not None and r.start == j else ("from", j)
-
-    def name(state: tuple[str, int]) -> str:
-        return f"{state[0]}_{state[1]}"
-
-    # from_j: the calls from slot j on, nothing pending; need_j: one of slot j's range is owed
-    start = f"start: TEXT? {name(arrive(0))}" + ("" if required else " | TEXT")
-    lines, todo, seen = [start], [arrive(0)], set()
-    while todo:
-        state = todo.pop()
-        if state in seen:
-            continue
-        seen.add(state)
-        kind, j = state
-        call = f"{TOOL_CALL_OPEN} {body(*slots[j])} {TOOL_CALL_CLOSE}"
-        options, nexts = [call], []
-        if j + 1 < k:
-            then = arrive(j + 1)
-            owed = any(r.start > j for r in required)  # a range after this slot
-            options = [f'{call} "\\n" {name(then)}' if owed else f'{call} ("\\n" {name(then)})?']
-            same = range_of.get(j) is not None and range_of.get(j + 1) is range_of.get(j)
-            skip = ("need", j + 1) if kind == "need" and same else then if kind == "from" else None
-            nexts = [then, *([skip] if skip else [])]
-            options += [name(skip)] if skip else []
-        lines.append(f"{name(state)}: " + " | ".join(options))
-        todo += nexts
-    return "\n".join(lines + rules + [f"TEXT: {text}"])
-
-
 def call_schema(name: str, parameters: dict) -> dict:
     """The JSON Schema of one call's body, in format_tool_call's key order."""
     return {"type": "object",

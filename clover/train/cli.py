@@ -24,6 +24,8 @@ def _train(args: argparse.Namespace) -> int:
         sharpen=args.sharpen, ar_mix=args.ar_mix, save_dtype=args.save_dtype,
         copy_mix=args.copy_mix,
         prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
+        lora_rank=args.lora_rank, block_size=args.block_size, init_adapter=args.init_adapter,
+        save_every=args.save_every,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -80,5 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the recipe's model config, e.g. --set "
                         "num_dense_layers=4 (repeatable; values are JSON or text)")
+    p.add_argument("--lora-rank", type=int, default=32,
+                   help="base recipes (airspace-smol): rank of the LoRA adapter")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="base recipes, diffusion: block size (default: the recipe's)")
+    p.add_argument("--init-adapter", default=None, metavar="DIR",
+                   help="base recipes: start the LoRA matrices from this adapter directory "
+                        "(e.g. the AR twin, for its diffusion adaptation)")
+    p.add_argument("--save-every", type=int, default=None,
+                   help="checkpoint every N steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     p.set_defaults(func=_train)

@@ -43,6 +43,8 @@ class Recipe:
     num_eval: int = 16  # examples decoded and scored at the end (needs clover.engine)
     eval_max_tokens: int = ANSWER_MAX_TOKENS  # no right answer is cut
     tokenizer_examples: int = 3000  # training examples the tokenizer is trained on
+    base: str | None = None  # adapt the embedded pretrained base with LoRA (no tokenizer training)
+    block_size: int = 8  # diffusion block size for base recipes
     description: str = ""
 
 
@@ -52,6 +54,14 @@ RECIPES: dict[str, Recipe] = {
         description="clover-tiny on the airspace task: the AR twin in ~45 min on 2 CPU cores "
                     "(torchrun, 2 processes); the diffusion model adapts its step-1400 checkpoint "
                     "with --init-from, --steps 200"),
+    "airspace-smol": Recipe(
+        name="airspace-smol", preset="smollm2-135m-instruct", base="smollm2-135m-instruct",
+        steps=150, batch_size=8, micro_batch_size=2, lr=1e-3, warmup_steps=10, num_val=16,
+        num_eval=0,
+        eval_max_tokens=320,
+        description="SmolLM2-135M-Instruct + LoRA on the airspace task: --attention causal is "
+                    "clover-smol-ar, --attention block (shifted, block 8, --init-adapter the AR "
+                    "twin) is clover-smol"),
 }
 
 
@@ -283,6 +293,10 @@ class RunArgs:
     prompt_loss: bool = False  # the prompt is a target too (language-model loss on the message)
     prompt_format: str = "chat"  # chat: system turn + tools; message: the conversation alone
     config_overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE
+    lora_rank: int = 32  # base recipes: LoRA rank
+    block_size: int | None = None  # base recipes: diffusion block size (default: the recipe's)
+    init_adapter: str | None = None  # base recipes: start the LoRA from this adapter directory
+    save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
 
 
 def run_recipe(args: RunArgs) -> dict[str, Any]:
@@ -292,6 +306,13 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
+    if recipe.base and args.parallel != "ddp":
+        raise ValueError(f"--parallel {args.parallel}: the LoRA recipe {recipe.name} trains with "
+                         "--parallel ddp only")
+    if recipe.base:
+        from clover.tasks.airspace.smol import run_smol
+
+        return run_smol(args, recipe)
     if args.prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
                          f"{', '.join(PROMPT_FORMATS)}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,11 +62,8 @@ def initial_conversation(example: Example) -> list[dict]:
 
 
 def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
-              max_turns: int = 2, constrain: Callable[[list[dict]], dict] | None = None
-              ) -> AgentRun:  # fmt: skip
-    """Run every message to completion through one engine; see the module docstring.
-    `constrain(conversation)`, if given, is each turn's `SamplingParams.structured` (e.g.
-    `contract.grounded_constraint`: the contract narrowed to what the messages write)."""
+              max_turns: int = 2) -> AgentRun:  # fmt: skip
+    """Run every message to completion through one engine; see the module docstring."""
     engine, tok = llm.engine, llm.tokenizer
     engine.stats = type(engine.stats)()
     runs = [MessageRun(e, initial_conversation(e)) for e in examples]
@@ -82,8 +78,6 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
             run.errors.append(f"context full: {len(prompt)} prompt tokens")
             return False
         turn_params = params.replace(max_tokens=min(params.max_tokens, room))
-        if constrain is not None:
-            turn_params = turn_params.replace(structured=constrain(run.conversation))
         owner[engine.add_request(prompt, turn_params).request_id] = run
         return True
 

@@ -72,13 +72,13 @@ def _print_summary(result: dict) -> None:
 
 
 def _airspace_score(args: argparse.Namespace) -> int:
-    from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
+    from clover.tasks.airspace.data import load_messages_jsonl, split_examples
     from clover.tasks.airspace.scorer import score
 
     if args.truth:
         truths = load_messages_jsonl(args.truth)
     else:
-        truths = generate_examples(args.split, args.n, args.seed)
+        truths = split_examples(args.split, args.n, args.seed)
     result = score(_align(_read_jsonl(args.pred), truths), truths)
     _print_summary(result)
     print("errors", " ".join(f"{k}={v}" for k, v in result["errors"].items() if v) or "none")
@@ -90,18 +90,16 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     """Decode a split with a model through the agent loop, score it, break it down by format."""
     from clover.engine import LLM, SamplingParams
     from clover.tasks.airspace.agent import predictions, run_agent
-    from clover.tasks.airspace.contract import grounded_constraint, tool_constraint
-    from clover.tasks.airspace.data import generate_examples, load_messages_jsonl
+    from clover.tasks.airspace.contract import tool_constraint
+    from clover.tasks.airspace.data import load_messages_jsonl, split_examples
     from clover.tasks.airspace.scorer import score
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
-                else generate_examples(args.split, args.n, args.seed))
+                else split_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    structured = tool_constraint() if args.grammar else None  # --grounded: one per turn
     params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
-                            structured=structured)
-    run = run_agent(llm, examples, params, max_turns=args.max_turns,
-                    constrain=grounded_constraint if args.grounded else None)
+                            structured=tool_constraint() if args.grammar else None)
+    run = run_agent(llm, examples, params, max_turns=args.max_turns)
     preds = predictions(run)
     result = {k: score(preds, examples)[k] for k in (*SUMMARY_KEYS, "errors")}
     result["by_format"] = {}
@@ -112,8 +110,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
                                      "fields": round(part["field_accuracy"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
-                  policy=args.policy, tau=args.tau, grammar=args.grammar or args.grounded,
-                  grounded=args.grounded,
+                  policy=args.policy, tau=args.tau, grammar=args.grammar,
                   grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
                   full_task_s=round(run.full_task_s, 1),
                   tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
@@ -141,6 +138,8 @@ def _dispatch(kind: str) -> Callable[[argparse.Namespace], int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `data`, `score` and `eval` to the `clover` command line."""
+    from clover.tasks.airspace.contract import add_grammar_flag
+    from clover.tasks.airspace.data import EVAL_SPLITS
     from clover.tasks.airspace.places import SPLITS
 
     p = subparsers.add_parser("data", help="generate task messages with ground truth (JSONL)")
@@ -161,7 +160,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("task", choices=sorted(TASKS))
     s.add_argument("pred", help="JSONL: {id, output | tool_calls | zones} per line")
     s.add_argument("--truth", default=None, help="JSONL with {id, text, zones}; default: a split")
-    s.add_argument("--split", choices=SPLITS, default="test")
+    s.add_argument("--split", choices=EVAL_SPLITS, default="test")
     s.add_argument("--n", type=int, default=20)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_dispatch("score"))
@@ -169,7 +168,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser("eval", help="decode a split with a model and score it")
     e.add_argument("task", choices=sorted(TASKS))
     e.add_argument("--model", required=True, help="model directory")
-    e.add_argument("--split", choices=SPLITS, default="test")
+    e.add_argument("--split", choices=EVAL_SPLITS, default="test",
+                   help="a generated split, or real-dev: the hand-labelled real messages")
     e.add_argument("--n", type=int, default=500, help="number of examples")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--messages", default=None, help="JSONL {id, text, zones} instead of a split")
@@ -178,13 +178,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=ANSWER_MAX_TOKENS,
                    help=f"per turn (default {ANSWER_MAX_TOKENS}: the longest gold answer fits)")
     e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
-    e.add_argument("--grammar", action="store_true",
-                   help="constrain every turn to text or tool calls that keep the argument "
-                        "contract (clover.tasks.airspace.contract): every call is valid")
-    e.add_argument("--grounded", action="store_true",
-                   help="--grammar narrowed to each message: a centre, time, radius or limit "
-                        "must be one the message writes, and the calls follow the message in "
-                        "the order it writes them, each zone once (contract.grounded_constraint)")
+    add_grammar_flag(e)
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
     e.add_argument("--dtype", default="auto")

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clover.tasks.airspace.formats import BUILDERS, FAMILY_WEIGHTS, Msg, Turn, icao_replace_pair
+from clover.tasks.airspace.formats import Msg, Turn
+from clover.tasks.airspace.msg_cn import cn_notice
+from clover.tasks.airspace.msg_faa import faa_notam
+from clover.tasks.airspace.msg_icao import icao_notam, icao_replace_pair
+from clover.tasks.airspace.msg_plain import plain_notice
 from clover.tasks.airspace.normalise import Zone
 from clover.tasks.airspace.places import SPLITS, airport_pools
 from clover.tasks.airspace.tools import (
@@ -28,13 +32,21 @@ from clover.tasks.airspace.tools import (
     format_call,
 )
 
+# Real public messages with hand-made labels (data/README.md): evaluated beside the generated
+# splits, never trained on, so not in SPLITS and not drawn by generate_examples.
+REAL_DEV = "real-dev"
+REAL_DEV_PATH = Path(__file__).resolve().parent / "data" / "real_dev.jsonl"
+EVAL_SPLITS = (*SPLITS, REAL_DEV)
+BUILDERS = {"icao": icao_notam, "faa": faa_notam, "cn": cn_notice, "plain": plain_notice}
+FAMILY_WEIGHTS = {"icao": 0.34, "faa": 0.26, "cn": 0.18, "plain": 0.22}
 MULTI_TURN_P = 0.08
 ACK_REPLY = "Done."
-# Room for one assistant answer, in tokens: the longest gold answer of any split is 718 tokens
-# with the shipped tokenizer (train; 699 in test, 573 in heldout; five calls), and a model's own
-# spelling of an answer runs longer (more digits, optional fields), so leave 30% on top. A smaller
-# max_tokens cuts right answers, and a cut call is scored invalid (tests/test_airspace_data.py).
-ANSWER_MAX_TOKENS = 1024
+# Room for one assistant answer, in tokens: the longest gold answer of any split is 843 tokens
+# with the shipped tokenizer (test; 778 in train, 612 in heldout: three NOTAMs with several areas
+# and polygons), and a model's own spelling of an answer runs longer (more digits, optional
+# fields), so leave 30% on top. A smaller max_tokens cuts right answers, and a cut call is scored
+# invalid (tests/test_airspace_data.py).
+ANSWER_MAX_TOKENS = 1280
 
 
 @dataclass(kw_only=True)
@@ -48,6 +60,7 @@ class Example:
     kind: str = "external"
     calls: list[dict] = field(default_factory=list)
     history: list[tuple[str, list[dict]]] = field(default_factory=list)  # (user text, gold calls)
+    templates: list[str] = field(default_factory=list)  # wording ids the generator used
 
     @property
     def is_negative(self) -> bool:
@@ -115,6 +128,8 @@ def generate_examples(split: str, n: int, seed: int = 0) -> list[Example]:
     """`n` examples of `split` (train / validation / test / heldout); deterministic in the args."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if split == REAL_DEV:
+        raise ValueError(f"{REAL_DEV!r} is real messages, not generated: use split_examples")
     pools = airport_pools(split)
     rng = random.Random(f"airspace:{split}:{seed}")
     families = [f for f in FAMILY_WEIGHTS if pools[f]]
@@ -128,11 +143,15 @@ def generate_examples(split: str, n: int, seed: int = 0) -> list[Example]:
 def _example(turn: Turn, ex_id: str, families: list[str], weights: list[float]) -> Example:
     rng = turn.rng
     turn.next_zone = 1
+    turn.used = []
     if "icao" in families and rng.random() < MULTI_TURN_P:
         first, second = icao_replace_pair(turn)
         return _combine(ex_id, [second], history=[(first.text, first.calls)])
     k = rng.choices((1, 2, 3), (0.75, 0.17, 0.08))[0]
-    msgs = [BUILDERS[f](turn) for f in rng.choices(families, weights, k=k)]
+    msgs = []
+    for f in rng.choices(families, weights, k=k):
+        turn.used = []
+        msgs.append(BUILDERS[f](turn))
     return _combine(ex_id, msgs)
 
 
@@ -141,8 +160,16 @@ def _combine(ex_id: str, msgs: list[Msg], history: list | None = None) -> Exampl
         id=ex_id, text="\n\n".join(m.text for m in msgs),
         zones=[z for m in msgs for z in m.zones], cancels=[c for m in msgs for c in m.cancels],
         kind="+".join(m.kind for m in msgs), calls=[c for m in msgs for c in m.calls],
-        history=history or [],
+        history=history or [], templates=[x for m in msgs for x in m.templates],
     )  # fmt: skip
+
+
+def split_examples(split: str, n: int, seed: int = 0) -> list[Example]:
+    """`n` examples of any split `clover eval` / `bench` / `demo` take: a generated one, or the
+    first `n` of the hand-labelled real messages (`real-dev`; the seed does not apply)."""
+    if split == REAL_DEV:
+        return load_messages_jsonl(REAL_DEV_PATH)[:n]
+    return generate_examples(split, n, seed)
 
 
 # ---- external JSONL ----------------------------------------------------------------------------
@@ -187,5 +214,6 @@ def write_jsonl(records: list[Any], path: str | Path | None = None) -> str:
     return text
 
 
-__all__ = ["SPLITS", "Example", "generate_examples", "reference_calls", "load_messages_jsonl",
-           "write_jsonl", "assistant_text", "example_from_record"]  # fmt: skip
+__all__ = ["SPLITS", "EVAL_SPLITS", "REAL_DEV", "Example", "generate_examples", "split_examples",
+           "reference_calls", "load_messages_jsonl", "write_jsonl", "assistant_text",
+           "example_from_record"]  # fmt: skip

@@ -1,4 +1,5 @@
-"""The demo's 3D map page: truth and predicted zones as cylinders over a world land map.
+"""The demo's 3D map page: truth and predicted zones (cylinders, or extruded polygons) over a
+world land map.
 
 `write_map(messages, out_path)` writes ONE self-contained HTML file: deck.gl's standalone bundles,
 topojson-client and world-atlas country outlines (npm packages pinned in web/package-lock.json,
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from clover.tasks.airspace.normalise import Limit, Zone, parse_limit
+from clover.tasks.airspace.normalise import Limit, Zone, enclosing_circle, parse_limit
 from clover.tasks.airspace.scorer import match_zones
 
 TEMPLATE = Path(__file__).with_name("map_template.html")
@@ -106,7 +107,17 @@ def _ceiling(zone: dict) -> float:
 
 
 def _all_zones(messages: list[dict]) -> list[dict]:
-    return [z for m in messages for z in (m.get("truth") or []) + (m.get("pred") or [])]
+    return [_with_circle(z) for m in messages
+            for z in (m.get("truth") or []) + (m.get("pred") or [])]  # fmt: skip
+
+
+def _with_circle(zone: dict) -> dict:
+    """A polygon zone given by its vertices alone gets its enclosing circle (for framing and
+    labels); the outline itself is drawn from the vertices."""
+    if not zone.get("polygon") or "radius_m" in zone:
+        return zone
+    lat, lon, radius_m = enclosing_circle(tuple(tuple(p) for p in zone["polygon"]))
+    return {**zone, "lat": lat, "lon": lon, "radius_m": radius_m}
 
 
 # ---- page data ---------------------------------------------------------------------------------
@@ -124,7 +135,8 @@ def page_data(messages: list[dict], *, title: str, exaggeration: float) -> dict:
 
 
 def _message_data(msg: dict, index: int, exaggeration: float, unl_top: float) -> dict:
-    truth, pred = list(msg.get("truth") or []), list(msg.get("pred") or [])
+    truth = [_with_circle(z) for z in msg.get("truth") or []]
+    pred = [_with_circle(z) for z in msg.get("pred") or []]
     truth_verdicts, pred_verdicts = _verdicts(truth, pred, _pred_correct(msg, truth, pred))
     zones = [_zone_data(z, "truth", v, exaggeration, unl_top)
              for z, v in zip(truth, truth_verdicts, strict=True)]  # fmt: skip
@@ -181,6 +193,7 @@ def _zone_data(z: dict, kind: str, verdict: dict, exaggeration: float, unl_top: 
         "z_draw": floor * exaggeration, "h_draw": max(top - floor, 1.0) * exaggeration,
         "lower": limit_text(z.get("lower", "SFC")), "upper": limit_text(z.get("upper", "UNL")),
         "start_utc": z.get("start_utc"), "end_utc": z.get("end_utc"),
+        "polygon": z.get("polygon") or None, "schedule": z.get("schedule"),
     }  # fmt: skip
 
 

@@ -4,7 +4,8 @@ The model copies values from a message (a coordinate string, a radius with its u
 their reference, ISO times that may carry a local offset); this module turns them into numbers:
 decimal degrees, metres, UTC minutes. It is pure Python, never guesses, and raises `ValueError`
 with a message naming the bad value for anything it cannot read. 1 NM = 1852 m, 1 ft = 0.3048 m,
-FL = 100 ft (standard pressure), SFC/GND = 0 ft AGL, `24:00` = next day 00:00.
+FL = 100 ft (standard pressure), SFC/GND = 0 ft AGL, `24:00` = next day 00:00. Long because it
+reads every notation the messages use (coordinates, places, polygons, lengths, limits, times).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ UNL = Limit(value=None, unit="UNL", ref=None)
 
 @dataclass(frozen=True, kw_only=True)
 class Zone:
-    """One no-fly cylinder in normalised form (the ground-truth and scoring representation)."""
+    """One no-fly zone in normalised form (the ground-truth and scoring representation): a
+    cylinder, or a polygon extruded between its limits (with the circle enclosing it)."""
 
     lat: float
     lon: float
@@ -74,6 +76,8 @@ class Zone:
     id: str = ""
     replaces: str | None = None
     label: str = field(default="", compare=False)
+    polygon: tuple[tuple[float, float], ...] = ()  # vertices; lat/lon/radius_m enclose them
+    schedule: str | None = None  # active hours inside start-end, as written (NOTAM D) item)
 
     def to_dict(self) -> dict[str, Any]:
         """The external JSON form (issue 'normalised form'), plus `id`/`replaces` when set."""
@@ -87,6 +91,10 @@ class Zone:
             d["id"] = self.id
         if self.replaces:
             d["replaces"] = self.replaces
+        if self.polygon:
+            d["polygon"] = [[round(a, 7), round(b, 7)] for a, b in self.polygon]
+        if self.schedule:
+            d["schedule"] = self.schedule
         return d
 
     @classmethod
@@ -94,10 +102,15 @@ class Zone:
         """Read the external form; raises ValueError on anything malformed."""
         if not isinstance(d, dict):
             raise ValueError(f"zone must be an object, got {type(d).__name__}")
+        polygon = _vertices(d["polygon"]) if d.get("polygon") else ()
+        lat, lon, radius_m = enclosing_circle(polygon) if polygon else (
+            d.get("lat"), d.get("lon"), d.get("radius_m"))
         return cls(
-            lat=_lat_lon(d.get("lat"), 90.0, "lat"),
-            lon=_lat_lon(d.get("lon"), 180.0, "lon"),
-            radius_m=_positive(d.get("radius_m"), "radius_m"),
+            lat=_lat_lon(lat, 90.0, "lat"),
+            lon=_lat_lon(lon, 180.0, "lon"),
+            radius_m=_positive(radius_m, "radius_m"),
+            polygon=polygon,
+            schedule=parse_schedule(d.get("schedule")),
             lower=parse_limit(d.get("lower", "SFC")),
             upper=parse_limit(d.get("upper", "UNL")),
             start_utc=parse_time(d.get("start_utc")),
@@ -105,6 +118,38 @@ class Zone:
             id=str(d.get("id") or ""),
             replaces=d.get("replaces") or None,
         )
+
+
+def _vertices(points: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(points, list | tuple) or not all(
+            isinstance(p, list | tuple) and len(p) == 2 for p in points):
+        raise ValueError(f"polygon must be a list of [lat, lon] pairs, got {points!r}")
+    return close_polygon([(_lat_lon(a, 90.0, "lat"), _lat_lon(b, 180.0, "lon")) for a, b in points])
+
+
+def close_polygon(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Vertices without a closing repeat of the first; ValueError under three."""
+    if len(points) > 1 and distance_m(*points[0], *points[-1]) < 1.0:
+        points = points[:-1]
+    if len(points) < 3:
+        raise ValueError(f"a polygon needs at least 3 vertices, got {len(points)}")
+    return tuple((round(a, 7), round(b, 7)) for a, b in points)
+
+
+def enclosing_circle(points: tuple[tuple[float, float], ...]) -> tuple[float, float, float]:
+    """(lat, lon, radius_m) of a circle around the vertices: their mean, the farthest one + 1 m."""
+    lat = sum(p[0] for p in points) / len(points)
+    lon = sum(p[1] for p in points) / len(points)
+    return round(lat, 7), round(lon, 7), max(distance_m(lat, lon, *p) for p in points) + 1.0
+
+
+def parse_schedule(text: Any) -> str | None:
+    """A schedule as written (`MON-FRI 0800-1600`) -> upper case, single spaces; None if unset."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise ValueError(f"schedule must be a string, got {text!r}")
+    return " ".join(text.upper().replace(".", " ").split()) or None
 
 
 def _compact(x: float) -> float | int:
@@ -246,11 +291,9 @@ def _airport_latlon(a: dict) -> tuple[float, float]:
 
 @cache
 def _airport_index() -> tuple[dict, dict[str, str]]:
-    import airportsdata
+    from clover.tasks.airspace.places import CN_AIRPORTS, load_airports
 
-    from clover.tasks.airspace.places import CN_AIRPORTS
-
-    airports = airportsdata.load("ICAO")
+    airports = load_airports()
     by_name = {a["name"].lower(): icao for icao, a in airports.items()}
     by_name.update({names[0].lower(): icao for icao, names in CN_AIRPORTS.items()})
     return airports, by_name

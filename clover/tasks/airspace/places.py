@@ -74,6 +74,17 @@ US_STATES: dict[str, tuple[str, str]] = {  # name -> (abbreviation, ARTCC)
 }  # fmt: skip
 
 
+@cache
+def load_airports() -> dict[str, dict]:
+    """airportsdata's airports by ICAO code; ImportError naming the extra when it is missing."""
+    try:
+        import airportsdata
+    except ImportError:
+        raise ImportError("the airspace task needs the airportsdata package: install the task "
+                          "extra, pip install -e '.[task]' (make setup does)") from None
+    return airportsdata.load("ICAO")
+
+
 def split_of(icao: str, country: str) -> str:
     """The one split an airport belongs to (stable across runs and machines)."""
     if country in HELDOUT_COUNTRIES or (country == "CN" and icao in CN_HELDOUT):
@@ -94,10 +105,8 @@ def airport_pools(split: str) -> dict[str, tuple[dict, ...]]:
     """Airports of `split` grouped by the message family that uses them: icao, faa, cn, plain."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
-    import airportsdata
-
     pools: dict[str, list[dict]] = {"icao": [], "faa": [], "cn": [], "plain": []}
-    for a in airportsdata.load("ICAO").values():
+    for a in load_airports().values():
         c = a["country"]
         in_cn_table = c == "CN" and a["icao"] in CN_AIRPORTS
         if not (_eligible(a) or in_cn_table) or split_of(a["icao"], c) != split:

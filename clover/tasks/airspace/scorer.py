@@ -1,13 +1,15 @@
 """Strict scorer: predicted zones against ground truth, per zone and per message.
 
 A predicted zone is matched to a true one (greedy best match: correct pairs first, then the
-closest centre); it is correct when the centre is within 100 m, the radius within 1 %, both limits
-equal after conversion to metres (2 m tolerance, same reference), both times exact, and
-`replaces` equal when the truth names one. Field accuracy gives partial credit: the share of the
-true zones' fields (centre, radius, lower, upper, start, end, and `replaces` where set) that the
-matched prediction gets right, a missing zone counting all its fields wrong. Predictions may be
-raw model text, parsed tool calls, OpenAI tool_call dicts, or normalised zones; garbage is counted
-as invalid, never raised.
+closest centre); it is correct when the centre is within 100 m and the radius within 1 % (a true
+polygon: as many vertices, each within 100 m, in order from any vertex), both limits equal after
+conversion to metres (2 m tolerance, same reference), both times exact, and `replaces` and the
+schedule (upper case, spaces collapsed) equal when the truth has them. Field accuracy gives
+partial credit: the share of the true zones' fields (centre, radius, lower, upper, start, end;
+a polygon's outline is one field in place of centre and radius; `replaces` and `schedule` where
+set) that the matched prediction gets right, a missing zone counting all its fields wrong.
+Predictions may be raw model text, parsed tool calls, OpenAI tool_call dicts, or normalised
+zones; garbage is counted as invalid, never raised.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from clover.tasks.airspace.tools import Cancel, interpret_call, parse_tool_calls
 
 CENTRE_TOL_M = 100.0
 RADIUS_REL_TOL = 0.01
-ZONE_FIELDS = ("centre", "radius", "lower", "upper", "start", "end")  # + replaces where set
-ERROR_KINDS = ("centre", "radius", "lower", "upper", "start", "end", "replaces", "missing_zone",
-               "extra_zone", "invalid_call", "missing_cancel", "extra_cancel")  # fmt: skip
+ZONE_FIELDS = ("centre", "radius", "lower", "upper", "start", "end")  # + replaces, schedule
+ERROR_KINDS = ("centre", "radius", "lower", "upper", "start", "end", "replaces", "schedule",
+               "missing_zone", "extra_zone", "invalid_call", "missing_cancel",
+               "extra_cancel")  # fmt: skip
 
 
 @dataclass
@@ -81,10 +84,13 @@ def _from_zones(zones: Any) -> Prediction:
 def zone_errors(pred: Zone, truth: Zone) -> list[str]:
     """Which attributes of `pred` fail the tolerances against `truth` (empty: correct)."""
     errors = []
-    if distance_m(pred.lat, pred.lon, truth.lat, truth.lon) > CENTRE_TOL_M:
-        errors.append("centre")
-    if abs(pred.radius_m - truth.radius_m) > RADIUS_REL_TOL * truth.radius_m:
-        errors.append("radius")
+    if truth.polygon:  # the shape is its vertices: "centre" is the whole outline, no radius
+        errors += [] if same_polygon(pred.polygon, truth.polygon) else ["centre"]
+    else:
+        if pred.polygon or distance_m(pred.lat, pred.lon, truth.lat, truth.lon) > CENTRE_TOL_M:
+            errors.append("centre")
+        if abs(pred.radius_m - truth.radius_m) > RADIUS_REL_TOL * truth.radius_m:
+            errors.append("radius")
     errors += [
         name
         for name, a, b in (("lower", pred.lower, truth.lower), ("upper", pred.upper, truth.upper))
@@ -94,7 +100,21 @@ def zone_errors(pred: Zone, truth: Zone) -> list[str]:
     errors += ["end"] if pred.end_utc != truth.end_utc else []
     if truth.replaces and pred.replaces != truth.replaces:
         errors.append("replaces")
+    if truth.schedule and pred.schedule != truth.schedule:
+        errors.append("schedule")
     return errors
+
+
+def same_polygon(pred: tuple, truth: tuple) -> bool:
+    """As many vertices, each true vertex within CENTRE_TOL_M of its own predicted one (any
+    starting vertex, either direction)."""
+    n = len(truth)
+    if len(pred) != n:
+        return False
+    orders = [pred[k:] + pred[:k] for k in range(n)]
+    orders += [tuple(reversed(o)) for o in orders]
+    return any(all(distance_m(*p, *t) <= CENTRE_TOL_M for p, t in zip(o, truth, strict=True))
+               for o in orders)  # fmt: skip
 
 
 def match_zones(preds: list[Zone], truths: list[Zone]) -> list[tuple[int, int, list[str]]]:
@@ -127,8 +147,9 @@ class MessageScore:
 
 
 def zone_fields(truth: Zone) -> int:
-    """How many fields a true zone is scored on: the six of ZONE_FIELDS, + replaces if set."""
-    return len(ZONE_FIELDS) + bool(truth.replaces)
+    """How many fields a true zone is scored on: the six of ZONE_FIELDS (a polygon's outline is
+    one, in place of centre and radius), + replaces and schedule when set."""
+    return len(ZONE_FIELDS) - bool(truth.polygon) + bool(truth.replaces) + bool(truth.schedule)
 
 
 def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list[str]

@@ -5,6 +5,10 @@ copy digits well and do arithmetic badly):
 - `centre`: the centre exactly as written in the message (`512107N 0003608W`, `N320604E0344856`,
   `北纬31°08′36″、东经121°48′18″`, `51.47002, -0.45430`) or, when a notice names a place instead,
   the airport name or ICAO code as written; `normalise.parse_centre` reads every form.
+- `polygon` (instead of centre and radius): the vertices, each as written; a closing repeat of
+  the first is dropped. The zone is kept as its vertices plus an enclosing circle.
+- `schedule`: the active hours inside start-end as written (NOTAM D) `MON-FRI 0800-1600`);
+  start and end stay the B) and C) window.
 - `radius`: `{"value": 0.5, "unit": "NM"|"KM"|"M"}` (MTR, 米 -> M; 公里 -> KM).
 - `lower`/`upper`: `{"value", "unit": "FT"|"M"|"FL", "ref": "SFC"|"AMSL"|"AGL"|"STD"}` or
   `{"unit": "UNL"}`; omitted when the message states no limit (defaults: SFC and UNL).
@@ -26,9 +30,12 @@ from typing import Any
 
 from clover.tasks.airspace.normalise import (
     Zone,
+    close_polygon,
+    enclosing_circle,
     parse_centre,
     parse_limit,
     parse_radius,
+    parse_schedule,
     parse_time,
 )
 
@@ -49,13 +56,15 @@ TOOLS: list[dict] = [
         "type": "function",
         "function": {
             "name": "set_no_fly_zone",
-            "description": "Create or replace a cylindrical no-fly zone for drones.",
+            "description": "Create or replace a no-fly zone for drones: a circle or a polygon.",
             "parameters": {
                 "type": "object",
                 "properties": {
                     "zone_id": {"type": "string", "description": "NOTAM number, or Z1, Z2..."},
                     "label": {"type": "string"},
                     "centre": {"type": "string", "description": "centre as written"},
+                    "polygon": {"type": "array", "items": {"type": "string"},
+                                "description": "vertices as written (instead of centre, radius)"},
                     "radius": {
                         "type": "object",
                         "properties": {
@@ -68,10 +77,11 @@ TOOLS: list[dict] = [
                     "upper": _LIMIT_SCHEMA,
                     "start": _TIME_SCHEMA,
                     "end": _TIME_SCHEMA,
+                    "schedule": {"type": "string", "description": "active hours as written"},
                     "action": {"type": "string", "enum": ["create", "replace", "delete"]},
                     "replaces": {"type": "string"},
                 },
-                "required": ["zone_id", "centre", "radius"],
+                "required": ["zone_id"],
             },
         },
     },
@@ -91,9 +101,11 @@ TOOLS: list[dict] = [
 TOOL_NAMES = ("set_no_fly_zone", "clear_zone")
 
 SYSTEM_PROMPT = (
-    "You turn airspace restriction messages into drone no-fly zones. For each circular zone, "
-    "call set_no_fly_zone once: copy the centre, values and times as written (a Chinese end "
-    "time with its full date). Omit limits that are not stated. "
+    "You turn airspace restriction messages into drone no-fly zones. For each restricted area, "
+    "call set_no_fly_zone once: copy the centre and radius, or a polygon's vertices, values and "
+    "times as written (a Chinese end time with its full date), and a D) schedule. Omit limits "
+    "that are not stated. Runway, taxiway, obstacle, navaid, bird and procedure notices are no "
+    "zone. "
     "For a replacing NOTAM use action replace; for a cancelled one call clear_zone. "
     "If a message defines no zone, make no call."
 )
@@ -135,21 +147,39 @@ def interpret_call(name: Any, arguments: Any) -> Zone | Cancel:
 
 
 def normalise_call(arguments: dict) -> Zone:
-    """set_no_fly_zone arguments (raw, copied values) -> the normalised Zone."""
+    """set_no_fly_zone arguments (raw, copied values) -> the normalised Zone. A `polygon` (three or
+    more vertices as written) wins over centre and radius: the zone's circle then encloses it."""
     a = arguments
-    if "centre" in a or "center" in a:
-        lat, lon = parse_centre(a.get("centre", a.get("center")))
+    polygon = _polygon(a["polygon"]) if a.get("polygon") else ()
+    if polygon:
+        lat, lon, radius_m = enclosing_circle(polygon)
     else:
-        lat, lon = parse_centre(f"{a.get('lat')}, {a.get('lon')}")
+        lat, lon = _centre(a)
+        radius_m = parse_radius(a.get("radius"))
     replaces = a.get("replaces") if a.get("action") == "replace" else None
     if replaces is not None and not isinstance(replaces, str):
         raise ValueError(f"replaces must be a zone id string, got {replaces!r}")
     return Zone(
-        lat=lat, lon=lon, radius_m=parse_radius(a.get("radius")),
+        lat=lat, lon=lon, radius_m=radius_m, polygon=polygon,
+        schedule=parse_schedule(a.get("schedule")),
         lower=parse_limit(a.get("lower", "SFC")), upper=parse_limit(a.get("upper", "UNL")),
         start_utc=parse_time(a.get("start")), end_utc=parse_time(a.get("end")),
         id=str(a.get("zone_id") or ""), replaces=replaces, label=str(a.get("label") or ""),
     )  # fmt: skip
+
+
+def _centre(a: dict) -> tuple[float, float]:
+    if "centre" in a or "center" in a:
+        return parse_centre(a.get("centre", a.get("center")))
+    if "lat" in a:
+        return parse_centre(f"{a.get('lat')}, {a.get('lon')}")
+    raise ValueError("set_no_fly_zone needs a centre and radius, or a polygon")
+
+
+def _polygon(vertices: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(vertices, list):
+        raise ValueError(f"polygon must be a list of vertices as written, got {vertices!r}")
+    return close_polygon([parse_centre(v) for v in vertices])
 
 
 def _loads(text: str) -> Any:

@@ -1,0 +1,159 @@
+"""Adapter model directories: a LoRA delta over the embedded base, merged at load.
+
+A shipped model that starts from SmolLM2-135M-Instruct stores only what differs from the base:
+`config.json` (the adapted model: attention mode, block size, one extra vocabulary row for the
+mask token), `adapter_config.json` (peft's `LoraConfig`), `adapter_model.safetensors` (the LoRA
+matrices), `base.json` (which base, its checksum, how the mask row is made) and the tokenizer.
+`load_adapter_model` rebuilds the base, adds the mask row the documented way
+(`convert.add_mask_token`: the mean embedding), injects the LoRA layers with peft and merges them
+into plain weights, so the engine sees an ordinary `CloverModel`. LoRA injection for training
+(`inject_lora`) lives here too, so the same target modules are used both ways.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from clover.checkpoint.keymap import CheckpointError
+from clover.config import ModelConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FILE = "base.json"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def lora_config(rank: int, alpha: float | None = None, dropout: float = 0.0):
+    from peft import LoraConfig
+
+    if rank < 1:
+        raise ValueError(f"--lora-rank must be >= 1 (got {rank})")
+    return LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=dropout,
+                      target_modules=list(LORA_TARGETS), bias="none")
+
+
+def inject_lora(model: nn.Module, config) -> nn.Module:
+    """Freeze every base weight and add trainable LoRA matrices to the target linears."""
+    from peft import inject_adapter_in_model
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return inject_adapter_in_model(config, model)
+
+
+def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def load_lora_state(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Set the injected LoRA matrices from a saved adapter; every key must land."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    lora_missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or lora_missing:
+        bad = (result.unexpected_keys or lora_missing)[0]
+        raise CheckpointError(f"{where}: adapter key {bad!r} does not fit this model")
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every LoRA layer into its base linear and put the plain linear back."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+    return model
+
+
+def save_adapter(model: nn.Module, config: ModelConfig, peft_config, tokenizer, path: str | Path,
+                 base: dict[str, Any], extra: dict[str, str] | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write an adapter model directory (atomically, like `checkpoint.save`)."""
+    import shutil
+    import tempfile
+
+    from clover.checkpoint import replace_dir
+    from clover.tokenizer import save_tokenizer
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        config.save(tmp / "config.json")
+        state = {k: v.detach().cpu().to(dtype).contiguous() for k, v in lora_state(model).items()}
+        save_file(state, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (tmp / ADAPTER_CONFIG).write_text(json.dumps(peft_config.to_dict(), indent=2,
+                                                     default=list) + "\n")
+        (tmp / BASE_FILE).write_text(json.dumps(base, indent=2) + "\n")
+        save_tokenizer(tokenizer, tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+        replace_dir(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None = None):
+    """The converted base reshaped for `config`: mask row added and attention mode set."""
+    from clover.checkpoint import load_config, read_state
+    from clover.checkpoint.base import require_base
+    from clover.model import build_model
+
+    base = require_base()
+    base_config = load_config(base)
+    state = read_state(base)
+    if config.vocab_size == base_config.vocab_size + 1:
+        state = with_mask_row(state)
+    elif config.vocab_size != base_config.vocab_size:
+        raise CheckpointError(f"config.json: vocab_size {config.vocab_size} fits neither the base "
+                              f"({base_config.vocab_size}) nor the base plus a mask token")
+    model = build_model(config, device="meta")
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.to(device=device, dtype=dtype) if dtype else model.to(device)
+
+
+def with_mask_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base state with one more embedding row: the mean embedding (see add_mask_token)."""
+    embed = state["embed.weight"]
+    out = {**state, "embed.weight": torch.cat([embed, embed.mean(0, keepdim=True)])}
+    if "lm_head.weight" in state:
+        head = state["lm_head.weight"]
+        out["lm_head.weight"] = torch.cat([head, head.mean(0, keepdim=True)])
+    return out
+
+
+def load_adapter_model(path: str | Path, device="cpu", dtype: torch.dtype | None = None):
+    """Base + adapter -> a merged `CloverModel` (eval mode)."""
+    from peft import LoraConfig
+
+    from clover.checkpoint import load_config
+
+    path = Path(path)
+    config = load_config(path)
+    model = base_model_for(config)
+    peft_config = LoraConfig(**{k: v for k, v in json.loads(
+        (path / ADAPTER_CONFIG).read_text()).items() if k in LoraConfig.__dataclass_fields__})
+    inject_lora(model, peft_config)
+    state = load_file(str(path / ADAPTER_WEIGHTS))
+    load_lora_state(model, {k: v.float() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS))
+    model = merge_lora(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+    return model.eval()

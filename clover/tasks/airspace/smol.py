@@ -1,0 +1,147 @@
+"""The shipped airspace models: SmolLM2-135M-Instruct adapted with a LoRA adapter.
+
+`clover train --recipe airspace-smol --attention causal` fine-tunes the embedded base on the task
+(`clover-smol-ar`); `--attention block` adapts it to block diffusion (`clover-smol`): one new
+`<|mask|>` row (mean embedding), block-causal attention, Dream-style shifted prediction so the AR
+head is reused, optionally starting its LoRA from the AR twin's adapter (`--init-adapter`). Prompt
+= the base's ChatML template with the task's system prompt and tools; response = the tool calls as
+the template renders them, ending at `<|im_end|>` (the base's EOS). Only the LoRA matrices train;
+the result is an adapter directory (`clover.checkpoint.adapter`) of a few MB.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clover.checkpoint import adapter
+from clover.checkpoint.base import BASE_NAME, GGUF_SHA256, require_base
+from clover.config import ModelConfig
+from clover.train import DistEnv, TrainConfig, Trainer, close_distributed
+from clover.train.data import TokenExample, sft_example
+
+
+def smol_sft(tokenizer, examples: list) -> list[TokenExample]:
+    """Prompt = template up to `<|im_start|>assistant\\n`; response = calls + `<|im_end|>`."""
+    from clover.tasks.airspace import TOOLS
+    from clover.tokenizer import render_chat
+
+    out = []
+    for ex in examples:
+        messages = ex.messages(tools=True)
+        prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True)
+        full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False)
+        assert full.startswith(prompt), "chat template: prompt is not a prefix of the chat"
+        reply = full[len(prompt):].rstrip("\n")
+        out.append(sft_example(tokenizer.encode(prompt), tokenizer.encode(reply)))
+    return out
+
+
+def adapted_config(base: ModelConfig, attention: str, block_size: int, shift_logits: bool,
+                   name: str) -> ModelConfig:
+    """The base's config for causal SFT, or with a mask row and block attention for diffusion."""
+    if attention == "causal":
+        return base.replace(name=name)
+    if attention != "block":
+        raise ValueError(f"--attention {attention!r}: airspace-smol trains causal or block")
+    return base.replace(name=name, vocab_size=base.vocab_size + 1, mask_id=base.vocab_size,
+                        attention="block", block_size=block_size, shift_logits=shift_logits)
+
+
+def smol_tokenizer(config: ModelConfig):
+    """The base tokenizer (ChatML with tools), plus `<|mask|>` for diffusion models."""
+    from clover.checkpoint.convert import MASK_TOKEN
+    from clover.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(require_base())
+    if config.attention != "causal":
+        tok.add_special_tokens({"mask_token": MASK_TOKEN})
+        assert tok.mask_token_id == config.mask_id, (tok.mask_token_id, config.mask_id)
+    return tok
+
+
+def smol_model(config: ModelConfig, rank: int, init_adapter: str | None):
+    """Base (+ mask row) with LoRA injected; LoRA matrices from `init_adapter` when given."""
+    model = adapter.base_model_for(config)
+    peft_config = adapter.lora_config(rank)
+    adapter.inject_lora(model, peft_config)
+    if init_adapter:
+        from safetensors.torch import load_file
+
+        path = Path(init_adapter) / adapter.ADAPTER_WEIGHTS
+        if not path.is_file():
+            raise ValueError(f"--init-adapter {init_adapter}: no {adapter.ADAPTER_WEIGHTS} there")
+        saved = json.loads((Path(init_adapter) / adapter.ADAPTER_CONFIG).read_text())
+        if saved.get("r") != rank:
+            raise ValueError(f"--init-adapter {init_adapter}: rank {saved.get('r')} != "
+                             f"--lora-rank {rank}")
+        state = {k: v.float() for k, v in load_file(str(path)).items()}
+        adapter.load_lora_state(model, state, str(path))
+    return model, peft_config
+
+
+def run_smol(args, recipe) -> dict[str, Any]:
+    """Train one airspace-smol model (AR twin or diffusion) and write its adapter directory."""
+    from clover.checkpoint import load_config
+    from clover.tasks.airspace import generate_examples
+    from clover.train.recipes import airspace_evaluator
+
+    base_config = load_config(require_base())
+    name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
+    config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
+                            args.shift_logits or args.attention == "block", name)
+    out = Path(args.out or f"models/{name}")
+    work = Path(args.work_dir or f"runs/train/{out.name}")
+    steps = args.steps or recipe.steps
+    train_cfg = TrainConfig(
+        steps=steps, batch_size=args.batch_size or recipe.batch_size,
+        micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
+        warmup_steps=min(recipe.warmup_steps, steps // 10), weight_decay=0.0,
+        seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
+        sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
+        stop_after=args.stop_after, eval_every=0, save_every=args.save_every or 20, log_every=1,
+        progress=args.progress)
+    tokenizer = smol_tokenizer(config)
+    num_train = train_cfg.steps * train_cfg.batch_size
+    train = smol_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))
+    val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
+    num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
+    evaluate = (airspace_evaluator(tokenizer, val_examples[:num_eval], recipe.eval_max_tokens)
+                if num_eval else None)
+    model, peft_config = smol_model(config, args.lora_rank, args.init_adapter)
+    trainer = Trainer(model, train, train_cfg, val_data=smol_sft(tokenizer, val_examples),
+                      tokenizer=tokenizer, evaluate=evaluate)
+    summary = trainer.fit()
+    if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
+        info = _info(args, recipe, config, train_cfg, trainer, summary)
+        adapter.save_adapter(trainer.model.cpu(), config, peft_config, tokenizer, out,
+                             base={"base": BASE_NAME, "gguf_sha256": GGUF_SHA256,
+                                   "mask_token": "appended row = mean of the base embeddings"
+                                   if config.attention != "causal" else None},
+                             extra={"training.json": json.dumps(info, indent=2) + "\n"})
+        summary["out"] = str(out)
+    close_distributed()
+    return summary
+
+
+def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
+          summary: dict) -> dict[str, Any]:
+    return {
+        "recipe": recipe.name, "base": BASE_NAME, "attention": config.attention,
+        "block_size": config.block_size, "shift_logits": config.shift_logits,
+        "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
+        "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
+        "steps": trainer.state.step, "batch_size": cfg.batch_size,
+        "examples_seen": trainer.state.step * cfg.batch_size,
+        "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
+        "device": str(trainer.device), "processes": trainer.env.world,
+        "torch": torch.__version__, "machine": platform.machine(),
+        "threads": torch.get_num_threads(), "final_metrics": summary,
+        "train_config": asdict(cfg), "date": time.strftime("%Y-%m-%d"),
+    }

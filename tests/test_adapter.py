@@ -1,0 +1,100 @@
+"""Adapter model directories (LoRA over the embedded base): exact reload, the documented mask row,
+and a clear error naming the set-up command when the base is missing."""
+
+import json
+
+import pytest
+import torch
+
+from clover.checkpoint import CheckpointError, load, load_model, save
+from clover.checkpoint import adapter as ad
+from clover.checkpoint.base import GGUF_SHA256, STAMP
+from clover.config import ModelConfig
+from clover.model import build_model
+from clover.tasks.airspace.smol import adapted_config
+from clover.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [f"WI {i}.5NM RADIUS 5121{i:02d}N 00036{i:02d}W SFC-400FT AGL" for i in range(200)]
+    return train_tokenizer(texts, vocab_size=300)
+
+
+def _llama_like() -> ModelConfig:
+    return ModelConfig(name="base", vocab_size=300, dim=64, num_layers=2, num_heads=4,
+                       num_kv_heads=2, ffn_dim=128, tie_embeddings=True, attention="causal",
+                       block_size=1, eos_id=1, pad_id=1, mask_id=2)
+
+
+@pytest.fixture
+def base_cache(tmp_path, monkeypatch, tokenizer):
+    """A tiny stand-in for the converted base in a private cache (same stamp as the real one)."""
+    monkeypatch.setenv("CLOVER_CACHE", str(tmp_path / "cache"))
+    from clover.checkpoint.base import base_dir
+
+    model = build_model(_llama_like(), seed=1)
+    save(model, tokenizer, base_dir())
+    (base_dir() / STAMP).write_text(json.dumps({"gguf_sha256": GGUF_SHA256}))
+    return model
+
+
+def _random_lora(model, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = torch.randn(p.shape, generator=gen) * 0.05
+
+
+@pytest.mark.parametrize("attention", ["causal", "block"])
+def test_adapter_reloads_to_the_trained_function(base_cache, tokenizer, tmp_path, attention):
+    """Base + LoRA saved as an adapter and merged at load gives the injected model's logits
+    (fp32 storage): catches a wrong merge scale, a lost target module or a misplaced mask row."""
+    config = adapted_config(base_cache.config, attention, 4, True, "adapted")
+    model = ad.base_model_for(config)
+    peft_config = ad.lora_config(8, alpha=16)
+    ad.inject_lora(model, peft_config)
+    _random_lora(model)
+    ids = torch.randint(0, config.vocab_size, (2, 9))
+    with torch.no_grad():
+        want = model.eval()(ids).logits
+    out = ad.save_adapter(model, config, peft_config, tokenizer, tmp_path / "a",
+                          base={"base": "test"}, dtype=torch.float32)
+    loaded, _ = load(out)
+    assert not any("lora" in k for k in loaded.state_dict())
+    torch.testing.assert_close(loaded(ids).logits, want, atol=1e-5, rtol=0)
+
+
+def test_adapter_directory_stays_small(base_cache, tokenizer, tmp_path):
+    """Only the LoRA matrices are stored, never a copy of the base weights."""
+    config = adapted_config(base_cache.config, "block", 4, True, "adapted")
+    model = ad.base_model_for(config)
+    peft_config = ad.lora_config(4)
+    ad.inject_lora(model, peft_config)
+    out = ad.save_adapter(model, config, peft_config, tokenizer, tmp_path / "a", base={})
+    from safetensors.torch import load_file
+
+    stored = load_file(str(out / ad.ADAPTER_WEIGHTS))
+    assert stored and all("lora_" in k for k in stored)
+    assert not (out / "model.safetensors").exists()
+
+
+def test_mask_row_is_the_mean_embedding(base_cache):
+    """The diffusion model's extra vocabulary row is the documented initialisation."""
+    config = adapted_config(base_cache.config, "block", 4, True, "adapted")
+    model = ad.base_model_for(config)
+    embed = base_cache.embed.weight
+    assert config.mask_id == embed.shape[0] == config.vocab_size - 1
+    torch.testing.assert_close(model.embed.weight[-1], embed.mean(0))
+    torch.testing.assert_close(model.embed.weight[:-1], embed)
+
+
+def test_missing_base_names_the_setup_command(base_cache, tokenizer, tmp_path, monkeypatch):
+    config = adapted_config(base_cache.config, "causal", 1, False, "adapted")
+    model = ad.base_model_for(config)
+    peft_config = ad.lora_config(4)
+    ad.inject_lora(model, peft_config)
+    out = ad.save_adapter(model, config, peft_config, tokenizer, tmp_path / "a", base={})
+    monkeypatch.setenv("CLOVER_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match="make setup"):
+        load_model(out)
