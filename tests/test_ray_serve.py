@@ -61,7 +61,7 @@ def single_answers(model_dir):
     """The single-process server's temperature-0 answers to PROMPTS (chat and completions)."""
     from test_server import serving
 
-    from clover.server.app import CloverServer
+    from clover.server import CloverServer
 
     before = torch.get_num_threads()
     server = CloverServer.load(_config(model_dir))

@@ -78,13 +78,13 @@ class CloverReplica:
     def __init__(self, config: ServerConfig) -> None:
         from ray import serve
 
-        from clover.server.app import CloverServer
+        from clover.server import CloverServer
 
         self.server = CloverServer.load(config)
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
-        from clover.server.app import create_app
+        from clover.server import create_app
 
         # create_app's lifespan starts and stops this replica's engine loop thread.
         return ReplicaTag(create_app(self.server), self.replica)
