@@ -237,24 +237,24 @@ class Trainer:
             model.train()
         return metrics
 
-    def full_model(self) -> CloverModel | None:
-        """The whole model, unsharded, on the main process (None elsewhere). Every process must
-        call it: under FSDP2 it all-gathers the weights."""
+    def full_model(self, device: torch.device | str | None = None) -> CloverModel | None:
+        """The whole model, unsharded, on the main process (None elsewhere), on `device` (default:
+        the training device). Every process must call it: under FSDP2 it all-gathers the weights
+        into CPU memory first."""
         state = self.parallel.full_state(self.model, self.env)
         if state is None:
             return None
-        if not self.parallel.sharded:
-            return self.model
-        return full_model(state, self.model).to(self.device)
+        model = self.model if not self.parallel.sharded else full_model(state, self.model)
+        return model.to(device or self.device)
 
     def export(self, path: str | Path, *, extra: dict[str, str] | None = None,
                dtype: torch.dtype | None = None) -> Path | None:
         """Write the trained model as a model directory (full safetensors, tokenizer, extra
         files) from the main process; every process must call it (see `full_model`)."""
-        model = self.full_model()
+        model = self.full_model(device="cpu")
         if model is None:
             return None
-        return checkpoint.save(model.cpu(), self.tokenizer, path, extra=extra, dtype=dtype)
+        return checkpoint.save(model, self.tokenizer, path, extra=extra, dtype=dtype)
 
     # ---- the run ----
     def fit(self) -> dict[str, Any]:
