@@ -3,10 +3,11 @@
 For a model (or training checkpoint) directory, runs one forward per validation example with the
 gold answer in place and reports the share of answer tokens predicted right (argmax), over all
 tokens and over digit tokens (coordinates, radii and times are digits), then the same on the
-repeat task (`clover.train.recipes.copy_task`: repeat the start of the message), broken down by
-position in the copy. A model that copies gets digits right; one that guesses gets the digits a
-format makes likely. Prompts are rendered with the model's own chat template. Prints a table, then
-one JSON line. Takes seconds, so it can follow a training run checkpoint by checkpoint.
+repeat task (`clover.tasks.airspace.recipes.copy_task`: repeat the start of the message),
+broken down by position in the copy. A model that copies gets digits right; one that guesses
+gets the digits a format makes likely. Prompts are rendered with the model's own chat template.
+Prints a table, then one JSON line. Takes seconds, so it can follow a training run checkpoint by
+checkpoint.
 
     python benchmarks/copy_check.py MODEL_DIR [MODEL_DIR ...] [--n 48]
 """
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from clover import checkpoint
 from clover.tasks.airspace import generate_examples
-from clover.train.recipes import airspace_sft, copy_task
+from clover.tasks.airspace.recipes import airspace_sft, copy_task
 
 POSITIONS = (0, 1, 2, 5, 10, 30, 60)
 

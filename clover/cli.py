@@ -56,6 +56,7 @@ def _demo(args: argparse.Namespace) -> int:
         from clover.demo_core import run_core_demo
         return run_core_demo(args.out, preset="clover-tiny")
     fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__}
+    fields["regimes"] = tuple(fields.get("regimes", ()))
     report = run_demo(DemoConfig(**fields))
     print(render_table(report))
     print(f"report: {report['report']}" + (f"; map: {report['map']}" if report.get("map") else ""))
@@ -100,6 +101,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     add_grammar_flag(p)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
     p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
+    p.add_argument("--regimes", nargs="+", default=list(d.regimes),
+                   help="batch: every message at once; one-by-one: an agent's batch 1")
     p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")
     p.add_argument("--serve", action="store_true", help="serve the map page on 127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
@@ -129,7 +132,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from clover.train.cli import register
+    from clover.tasks.airspace.train_cli import register
 
     register(sub)
 

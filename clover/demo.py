@@ -1,8 +1,10 @@
 """`clover demo airspace`: the diffusion model and its AR twin on the same messages, side by side.
 
-Loads both model directories, warms each up, runs the agent (clover.tasks.airspace.agent) on the
-same messages with each, one after the other in one process, scores both with the task's scorer,
-prints one table with the measured speed ratio, and writes `report.json` and the 3D map page.
+Loads both model directories, warms each up, and runs the agent (clover.tasks.airspace.agent) on
+the same messages with each, in two regimes: `batch` (every message submitted at once, the
+engine batches them) and `one-by-one` (an agent handling messages in turn: batch 1). Scores both
+with the task's scorer, prints one table per regime with the measured speed ratio, and writes
+`report.json` and the 3D map page. Models run one after the other in one process.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
 from clover.tasks.airspace.contract import tool_constraint
 from clover.tasks.airspace.scorer import match_zones
 
-DEFAULT_MODEL = "models/clover-tiny"
-DEFAULT_BASELINE = "models/clover-tiny-ar"
+DEFAULT_MODEL = "models/clover-smol"
+DEFAULT_BASELINE = "models/clover-smol-ar"
+REGIMES = ("batch", "one-by-one")
 
 
 @dataclass(kw_only=True)
@@ -48,6 +51,12 @@ class DemoConfig:
     device: str = "auto"
     dtype: str = "auto"
     map: bool = True
+    regimes: tuple[str, ...] = REGIMES
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.regimes if r not in REGIMES]
+        if bad or not self.regimes:
+            raise ValueError(f"--regimes {bad or '(none)'}: choose from {', '.join(REGIMES)}")
 
 
 def _examples(cfg: DemoConfig) -> list:
@@ -60,10 +69,32 @@ def _has_truth(cfg: DemoConfig, examples: list) -> bool:
     return not cfg.messages or any(e.zones or e.cancels for e in examples)
 
 
-def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int) -> AgentRun:
+def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int,
+            regime: str = "batch") -> AgentRun:
+    """Warm up, then run the messages all at once (`batch`) or one after another (`one-by-one`)."""
     run_agent(llm, examples[:2], params.replace(max_tokens=min(params.max_tokens, 64)),
               max_turns=1)  # warm-up: allocations, kernels, caches
-    return run_agent(llm, examples, params, max_turns=max_turns)
+    if regime == "batch":
+        return run_agent(llm, examples, params, max_turns=max_turns)
+    return sequential(run_agent(llm, [e], params, max_turns=max_turns) for e in examples)
+
+
+def sequential(runs) -> AgentRun:
+    """One-by-one runs as one: times add up; the first usable result is the first message's."""
+    runs = list(runs)
+    first, elapsed = None, 0.0
+    for run in runs:
+        if first is None and run.first_usable_s is not None:
+            first = elapsed + run.first_usable_s
+        elapsed += run.full_task_s
+    stats: dict[str, Any] = {}
+    for run in runs:
+        for key, value in run.engine_stats.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                stats[key] = stats.get(key, 0) + value
+    return AgentRun([m for r in runs for m in r.messages], elapsed, first,
+                    sum(r.generated_tokens for r in runs), sum(r.forwards for r in runs),
+                    sum(r.request_forwards for r in runs), stats)
 
 
 def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[str, Any]:
@@ -89,11 +120,12 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                             structured=tool_constraint() if cfg.grammar else None)
     rows, runs = [], {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
-        llm = LLM(path, device=cfg.device, dtype=cfg.dtype)
-        run = run_one(llm, examples, params, cfg.max_turns)
-        scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
-        runs[name] = run
-        rows.append(summarise(name, path, run, scores))
+        llm = LLM(path, device=cfg.device, dtype=cfg.dtype, max_batch_size=max(len(examples), 1))
+        for regime in cfg.regimes:
+            run = run_one(llm, examples, params, cfg.max_turns, regime)
+            scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
+            runs.setdefault(name, run)
+            rows.append({"regime": regime, **summarise(name, path, run, scores)})
         del llm
     report = _report(cfg, rows)
     out = Path(cfg.out)
@@ -105,9 +137,19 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     return report
 
 
+def _ratios(rows: list[dict]) -> dict[str, float | None]:
+    """Per regime: AR full task time / diffusion full task time (> 1: diffusion is faster)."""
+    out = {}
+    for regime in dict.fromkeys(r["regime"] for r in rows):
+        dllm, ar = (next(r for r in rows if r["regime"] == regime and r["model"] == m)
+                    for m in ("diffusion", "autoregressive"))
+        out[regime] = round(ar["full_task_s"] / dllm["full_task_s"], 2) if dllm[
+            "full_task_s"] else None
+    return out
+
+
 def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
-    dllm, ar = rows
-    ratio = ar["full_task_s"] / dllm["full_task_s"] if dllm["full_task_s"] else None
+    ratios = _ratios(rows)
     return {"demo": "airspace", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "hardware": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(), "messages": cfg.messages or
@@ -115,7 +157,7 @@ def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
             "settings": {"policy": cfg.policy, "tau": cfg.tau, "max_tokens": cfg.max_tokens,
                          "max_turns": cfg.max_turns, "grammar": cfg.grammar,
                          "device": cfg.device, "dtype": cfg.dtype},
-            "rows": rows, "speed_ratio_full_task": None if ratio is None else round(ratio, 2)}
+            "rows": rows, "speed_ratio_full_task": ratios}
 
 
 def _write_map(run: AgentRun, path: Path, model: str) -> Path | None:
@@ -150,7 +192,7 @@ def render_table(report: dict[str, Any]) -> str:
                         f"{report['hardware']}, {report['threads']} threads)")
     table.add_column("")
     for r in rows:
-        table.add_column(r["model"], justify="right")
+        table.add_column(f"{r['model']}\n{r['regime']}", justify="right")
     fields = [("full task time (s)", "full_task_s"), ("first usable result (s)", "first_usable_s"),
               ("TPS", "tps"), ("TPF", "tpf"), ("forwards (batched)", "forwards"),
               ("zone F1", "zone_f1"), ("field accuracy", "field_accuracy"),
@@ -161,8 +203,8 @@ def render_table(report: dict[str, Any]) -> str:
     console = Console(record=True, width=100)
     with console.capture() as cap:
         console.print(table)
-    ratio = report["speed_ratio_full_task"]
-    return cap.get() + f"speed ratio (AR full task time / diffusion): {ratio}x\n"
+    ratios = ", ".join(f"{k} {v}x" for k, v in report["speed_ratio_full_task"].items())
+    return cap.get() + f"speed ratio (AR full task time / diffusion): {ratios}\n"
 
 
 def _fmt(v: Any) -> str:

@@ -280,7 +280,7 @@ def test_gold_answers_fit_the_default_max_tokens(name):
 def test_every_decoder_of_the_task_uses_the_answer_budget():
     from clover.bench.config import BenchConfig
     from clover.demo import DemoConfig
-    from clover.train.recipes import RECIPES
+    from clover.tasks.airspace.recipes import RECIPES
 
     assert BenchConfig().max_tokens == ANSWER_MAX_TOKENS
     assert DemoConfig().max_tokens == ANSWER_MAX_TOKENS

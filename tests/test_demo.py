@@ -1,35 +1,66 @@
-"""`clover demo airspace`, the main job: both shipped models on the same messages, one report."""
+"""`clover demo airspace`, the main job: two models on the same messages, two regimes, one report.
+
+The demo's machinery is tested on tiny random models built in-process (the shipped models'
+quality is tests/test_shipped_models.py's job): one row per model and regime with measured
+figures, ratios computed from those rows, the report and the map page written."""
 
 import json
 
 import pytest
 
+from clover.checkpoint import save
+from clover.config import get_preset
 from clover.demo import DemoConfig, render_table, run_demo
+from clover.model import build_model
+from clover.tokenizer import train_tokenizer
 
 
-def test_demo_runs_both_models_under_the_grammar(tmp_path):
-    """Two test messages through the real agent loop with the shipped models: the report holds
-    one row per model with measured figures, the ratio is computed from them, the map page is
-    written, and under the grammar every call either model makes is valid."""
-    cfg = DemoConfig(n=2, out=str(tmp_path), device="cpu", max_turns=1, grammar=True)
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    from clover.tasks.airspace import generate_examples
+
+    texts = [e.text for e in generate_examples("train", 60, seed=3)]
+    tok = train_tokenizer(texts, vocab_size=512)
+    root = tmp_path_factory.mktemp("models")
+    dllm = build_model(get_preset("tiny", max_seq_len=4096), seed=0)
+    ar = build_model(get_preset("tiny", attention="causal", block_size=1, max_seq_len=4096),
+                     seed=0)
+    return str(save(dllm, tok, root / "dllm")), str(save(ar, tok, root / "ar"))
+
+
+def test_demo_runs_both_models_in_both_regimes(tmp_path, tiny_pair):
+    cfg = DemoConfig(model=tiny_pair[0], baseline=tiny_pair[1], n=2, out=str(tmp_path),
+                     device="cpu", max_turns=1, max_tokens=16)
     report = run_demo(cfg)
-    dllm, ar = report["rows"]
-    assert (dllm["model"], ar["model"]) == ("diffusion", "autoregressive")
-    assert report["settings"]["grammar"] is True
-    for row in (dllm, ar):
-        assert row["tool_call_validity"] == 1.0, row
-        assert row["generated_tokens"] > 0 and row["forwards"] > 0
-        assert row["full_task_s"] > 0
-    assert ar["request_forwards"] >= ar["generated_tokens"] / 2  # AR: ~1 token per forward,
-    # plus what the grammar forces
-    assert report["speed_ratio_full_task"] == round(ar["full_task_s"] / dllm["full_task_s"], 2)
+    rows = report["rows"]
+    assert [(r["model"], r["regime"]) for r in rows] == [
+        ("diffusion", "batch"), ("diffusion", "one-by-one"),
+        ("autoregressive", "batch"), ("autoregressive", "one-by-one")]
+    for row in rows:
+        assert row["generated_tokens"] > 0 and row["forwards"] > 0 and row["full_task_s"] > 0
+    by = {(r["model"], r["regime"]): r for r in rows}
+    for regime in ("batch", "one-by-one"):
+        want = round(by["autoregressive", regime]["full_task_s"]
+                     / by["diffusion", regime]["full_task_s"], 2)
+        assert report["speed_ratio_full_task"][regime] == want
+    # one by one, each message is its own batch: as many batched forwards as request forwards
+    single = by["autoregressive", "one-by-one"]
+    assert single["forwards"] == single["request_forwards"]
+    assert by["autoregressive", "batch"]["forwards"] < by["autoregressive", "batch"][
+        "request_forwards"]
     saved = json.loads((tmp_path / "report.json").read_text())
-    assert saved["rows"][0]["generated_tokens"] == dllm["generated_tokens"]
+    assert saved["rows"][0]["generated_tokens"] == rows[0]["generated_tokens"]
     assert (tmp_path / "map.html").is_file()
-    table = " ".join(render_table(report).split())  # the title wraps
-    assert "grammar on" in table and "tool-call validity" in table
+    table = " ".join(render_table(report).split())
+    assert "one-by-one" in table and "tool-call validity" in table
 
 
-def test_demo_names_a_missing_model_directory(tmp_path):
+def test_demo_names_a_missing_model_directory(tmp_path, tiny_pair):
     with pytest.raises(ValueError, match="--baseline .*not a model directory"):
-        run_demo(DemoConfig(n=1, out=str(tmp_path), baseline=str(tmp_path / "nowhere")))
+        run_demo(DemoConfig(n=1, out=str(tmp_path), model=tiny_pair[0],
+                            baseline=str(tmp_path / "nowhere")))
+
+
+def test_demo_refuses_an_unknown_regime():
+    with pytest.raises(ValueError, match="--regimes"):
+        DemoConfig(regimes=("sideways",))

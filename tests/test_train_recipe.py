@@ -6,8 +6,8 @@ import json
 import pytest
 
 from clover import checkpoint
-from clover.train import recipes
-from clover.train.cli import register
+from clover.tasks.airspace import recipes
+from clover.tasks.airspace.train_cli import register
 
 
 @pytest.fixture

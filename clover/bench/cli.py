@@ -7,9 +7,12 @@ sweep's defaults, or `--quick`'s. Errors name the flag and exit with status 2 (c
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from clover.bench.config import DEFAULT_AR_MODEL, DEFAULT_MODEL, TASKS, BenchConfig, make_config
 from clover.bench.quant import PRECISIONS
@@ -49,8 +52,36 @@ def out_dir(cfg: BenchConfig) -> Path:
     return Path("runs/bench") / (cfg.name or time.strftime("%Y%m%d-%H%M%S"))
 
 
+def _forward(args: argparse.Namespace) -> int:
+    """`clover bench forward`: the cost table of one cached forward (clover/bench/forward.py)."""
+    import json
+
+    from clover.bench.forward import ForwardConfig, plot, render, sweep
+
+    given = {k: getattr(args, k) for k in ("precisions", "batch_sizes", "lengths", "context",
+                                           "repeats", "tpf", "clock")
+             if getattr(args, k) is not None}
+    cfg = ForwardConfig(model=args.model or "", out=args.out or "", **given)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = (lambda _: None) if args.no_progress else (lambda m: print(m, file=sys.stderr))
+    results = sweep(cfg, progress=log)
+    out = Path(cfg.out or f"runs/bench/forward-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    results["files"] = {"results": str(out / "forward.json")}
+    if not args.no_plots:
+        results["files"]["plot"] = str(plot(results, out / "forward.png"))
+    (out / "forward.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(render(results), end="")
+    print(json.dumps(results))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from clover.bench.harness import run_bench
+
+    if args.task == "forward":
+        return _forward(args)
     from clover.bench.report import json_line, render_table, write_outputs
 
     cfg = config_from_args(args)
@@ -72,8 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `bench` to the `clover` subcommands."""
     d = BenchConfig()
     p = sub.add_parser("bench", help="sweep decoding settings of a dLLM and its AR twin on a task: "
-                                     "quality, speed, memory, plots, report")
-    p.add_argument("task", nargs="?", default="airspace", choices=TASKS)
+                                     "quality, speed, memory, plots, report; `bench forward`: "
+                                     "the cost of one cached forward against the roofline")
+    p.add_argument("task", nargs="?", default="airspace", choices=(*TASKS, "forward"))
     p.add_argument("--quick", action="store_true",
                    help="a few points on 24 messages (under 10 minutes on 2 CPU cores)")
     p.add_argument("--model", default=None, help=f"diffusion model directory ({DEFAULT_MODEL})")
@@ -114,6 +146,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")
+    p.add_argument("--lengths", type=_list(int), default=None,
+                   help="forward: new tokens per row, L (default 1,8,32,64)")
+    p.add_argument("--context", type=int, default=None,
+                   help="forward: cached tokens per row before the L new ones (default 256)")
+    p.add_argument("--tpf", type=_list(float), default=None,
+                   help="forward: TPFs for the predicted dLLM/AR ratio (default 2,4,8,12)")
+    p.add_argument("--clock", default=None, choices=["wall", "cpu"],
+                   help="forward: time by wall clock (default) or this process's CPU time "
+                        "(steadier on a shared machine)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.set_defaults(func=_bench)

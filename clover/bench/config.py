@@ -17,8 +17,8 @@ from clover.bench.quant import INT4_NOTE, PRECISIONS
 from clover.engine import SamplingParams
 from clover.tasks.airspace import ANSWER_MAX_TOKENS, EVAL_SPLITS
 
-DEFAULT_MODEL = "models/clover-tiny"
-DEFAULT_AR_MODEL = "models/clover-tiny-ar"
+DEFAULT_MODEL = "models/clover-smol"
+DEFAULT_AR_MODEL = "models/clover-smol-ar"
 KNOBS = {"threshold": "tau", "topk": "steps_per_block", "entropy": "gamma"}  # policy -> its knob
 KNOB_LABEL = {"tau": "tau", "steps_per_block": "steps", "gamma": "gamma"}
 TASKS = ("airspace",)

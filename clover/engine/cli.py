@@ -467,7 +467,8 @@ def _read_line() -> str | None:
 def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory or preset name (e.g. tiny)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (default: auto)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto | float32 | bfloat16 | int8 (torchao weight-only; default: auto)")
     add_sampling_flags(p)
 
 

@@ -73,6 +73,13 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _int8_activation_dtype(device: torch.device) -> torch.dtype:
+    from clover.bench.quant import activation_dtype, require_torchao
+
+    require_torchao("--dtype")
+    return activation_dtype("int8", device)
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -81,7 +88,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in names:
-        raise ValueError(f"--dtype must be auto or one of {sorted(names)} (got {dtype!r})")
+        raise ValueError(f"--dtype must be auto, int8 or one of {sorted(names)} (got {dtype!r})")
     return names[dtype]
 
 
@@ -256,7 +263,8 @@ class LLM:
 
     def __post_init__(self) -> None:
         device = resolve_device(self.device)
-        dtype = resolve_dtype(self.dtype, device)
+        int8 = self.dtype == "int8"  # torchao weight-only int8, computing in bf16 or fp32
+        dtype = _int8_activation_dtype(device) if int8 else resolve_dtype(self.dtype, device)
         if isinstance(self.model, CloverModel):
             module = self.model.to(device=device, dtype=dtype)
         elif str(self.model) in PRESETS:
@@ -265,6 +273,9 @@ class LLM:
             from clover.checkpoint import load
             module, tok = load(self.model, device=device, dtype=dtype)
             self.tokenizer = self.tokenizer or tok
+        if int8:
+            from clover.bench.quant import quantize_int8
+            quantize_int8(module)
         self.model = module
         self.engine = Engine(module, self.tokenizer, max_batch_size=self.max_batch_size,
                              max_model_len=self.max_model_len)

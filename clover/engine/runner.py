@@ -29,7 +29,7 @@ class RunOutput:
 
 class ModelRunner:
     def __init__(self, model: CloverModel, max_batch_size: int, capacity: int) -> None:
-        self.model = model
+        self.model = model.fuse_projections()
         self.config = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
+from clover.model.fused import FastLinear, linear
 
 
 @dataclass
@@ -42,16 +43,28 @@ class MoEStats:
 
 
 class SwiGLU(nn.Module):
-    """Dense gated FFN: down(silu(gate(x)) * up(x))."""
+    """Dense gated FFN: down(silu(gate(x)) * up(x)); gate and up as one matmul once fused."""
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        # set by `fuse` (inference only; see clover/model/fused.py)
+        self.gate_up_fast: FastLinear | None = None
+        self.down_fast: FastLinear | None = None
+
+    def fuse(self, enabled: bool = True, pack: bool = False) -> None:
+        self.gate_up_fast = FastLinear.build(self, ("gate_proj", "up_proj"), pack) if enabled \
+            else None
+        self.down_fast = FastLinear.build(self, ("down_proj",), pack) if enabled else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_fast(x) if self.gate_up_fast is not None else None
+        if gate_up is None:  # the reference
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = gate_up.chunk(2, dim=-1)  # no autograd here: in place is safe
+        return linear(self.down_fast, F.silu(gate, inplace=True).mul_(up), self.down_proj)
 
 
 class Router(nn.Module):

@@ -20,17 +20,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
+from clover.model.fused import FastLinear, linear
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
 @dataclass
 class CacheWrite:
-    """Where one forward's valid tokens land in the cache: (row, slot) per valid token."""
+    """Where one forward's valid tokens land in the cache: a (row, slot) per valid token.
+
+    When every token is valid, rows and slots stay [B, L] and new keys are written in their
+    [B, L, ...] layout as they are (no boolean selection); otherwise they are [N] and `values`
+    selects the valid tokens."""
 
     rows_N: Tensor
     slots_N: Tensor
-    valid_BL: Tensor
+    valid_BL: Tensor | None  # None: every token is valid
     read: slice | Tensor  # the cache rows this forward's batch rows are (a view when contiguous)
+
+    def values(self, x_BL_: Tensor) -> Tensor:
+        """Per-token values (leading dims B, L) in the layout `rows_N`/`slots_N` index."""
+        return x_BL_ if self.valid_BL is None else x_BL_[self.valid_BL]
 
 
 class KVCache:
@@ -77,15 +86,20 @@ class KVCache:
             read = row_B
         start_B = self.length_B[read] if slot_B is None else slot_B
         slots_BL = start_B[:, None] + torch.arange(L, device=device)
-        rows_N = row_B[:, None].expand(B, L)[valid_BL]
-        slots_N = slots_BL[valid_BL]
-        top = int(slots_N.max()) + 1 if slots_N.numel() else 0
+        if bool(valid_BL.all()):
+            rows_N, slots_N, valid = row_B[:, None].expand(B, L), slots_BL, None
+            top = int(start_B.max()) + L
+        else:
+            rows_N, slots_N = row_B[:, None].expand(B, L)[valid_BL], slots_BL[valid_BL]
+            valid = valid_BL
+            top = int(slots_N.max()) + 1 if slots_N.numel() else 0
         if top > self.capacity:
             raise ValueError(f"KV cache overflow: need {top} slots, capacity is {self.capacity}")
         self.end = max(self.end, top)
-        self.pos_BS[rows_N, slots_N] = pos_BL[valid_BL]
+        write = CacheWrite(rows_N, slots_N, valid, read)
+        self.pos_BS[rows_N, slots_N] = write.values(pos_BL)
         self.valid_BS[rows_N, slots_N] = True
-        return CacheWrite(rows_N, slots_N, valid_BL, read)
+        return write
 
     def commit(self, num_B: Tensor) -> None:
         """Make the next num_B[b] written tokens of each row part of its permanent prefix."""
@@ -118,10 +132,13 @@ class ModelOutput:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (one fused op when x is fp32)."""
+    """x / sqrt(mean(x^2) + eps) * weight, normalised in fp32 (one fused op when x is fp32).
+
+    In a low-precision model the normalised x is rounded to its dtype before the weight scales
+    it, as transformers' Llama / Qwen norms do, so bf16 greedy decodes match theirs."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight.float(), eps)
-    return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
+    return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -151,16 +168,23 @@ class Rotary(nn.Module):
         return self._on_device[device]
 
     def cos_sin(self, pos_BL: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of every position's angles, [B, L, 1, rotary] (broadcast over heads)."""
         # R = rotary_dim / 2 frequencies
         angles_BLR = pos_BL[..., None].float() * self.inv_freq(pos_BL.device)
-        angles_BLR = torch.cat([angles_BLR, angles_BLR], dim=-1)[:, None]  # [B, 1, L, rotary]
+        angles_BLR = torch.cat([angles_BLR, angles_BLR], dim=-1)[:, :, None]
         return angles_BLR.cos().to(dtype), angles_BLR.sin().to(dtype)
 
-    def apply(self, x_BHLD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        rot, rest = x_BHLD[..., :self.rotary_dim], x_BHLD[..., self.rotary_dim:]
-        half = self.rotary_dim // 2
-        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-        return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+    def apply(self, x_BLHD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x * cos + rotate_half(x) * sin on the first rotary_dim dims of each head."""
+        if self.rotary_dim == x_BLHD.shape[-1]:
+            return x_BLHD * cos + _rotate_half(x_BLHD) * sin
+        rot, rest = x_BLHD[..., :self.rotary_dim], x_BLHD[..., self.rotary_dim:]
+        return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 def visibility(mode: str, block_size: int, q_pos_BL: Tensor, k_pos_BS: Tensor) -> Tensor:
@@ -213,33 +237,57 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * self.head_dim, config.dim, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        # set by `CloverModel.fuse_projections` (inference only; see clover/model/fused.py)
+        self.qkv_fast: FastLinear | None = None
+        self.o_fast: FastLinear | None = None
+
+    def fuse(self, enabled: bool = True, pack: bool = False) -> None:
+        qkv, o = ("q_proj", "k_proj", "v_proj"), ("o_proj",)
+        self.qkv_fast = FastLinear.build(self, qkv, pack) if enabled else None
+        self.o_fast = FastLinear.build(self, o, pack) if enabled else None
 
     def forward(self, x_BLD: Tensor, rope: tuple[Rotary, Tensor, Tensor], mask_BLS: Tensor,
                 cache: KVCache | None, write: CacheWrite | None) -> Tensor:
         B, L, _ = x_BLD.shape
-        q = self.q_proj(x_BLD).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x_BLD).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        rotary, cos, sin = rope
-        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        q_BLHD, k_BLGD, v_BLGD = self._qkv_roped(x_BLD, rope)
+        q, k, v = q_BLHD.transpose(1, 2), k_BLGD.transpose(1, 2), v_BLGD.transpose(1, 2)
         if cache is not None:
-            k, v = self._through_cache(cache, k, v, write)
+            k, v = self._through_cache(cache, k_BLGD, v_BLGD, write)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BLS[:, None],
                                              enable_gqa=self.num_kv_heads != self.num_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+        return linear(self.o_fast, out.transpose(1, 2).reshape(B, L, -1), self.o_proj)
 
-    def _through_cache(self, cache: KVCache, k_BGLD: Tensor, v_BGLD: Tensor,
+    def _qkv_roped(self, x_BLD: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k (normed if configured, rotated) and v, each [B, L, heads, Dh].
+
+        Fused path: one matmul for q, k and v, and one rotation for q and k together (they are
+        adjacent in its output); the reference runs the three projections and rotations apart."""
+        B, L, _ = x_BLD.shape
+        H, G, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        rotary, cos, sin = rope
+        qkv = self.qkv_fast(x_BLD) if self.qkv_fast is not None else None
+        if qkv is None:
+            q = self.q_proj(x_BLD).view(B, L, H, Dh)
+            k = self.k_proj(x_BLD).view(B, L, G, Dh)
+            v = self.v_proj(x_BLD).view(B, L, G, Dh)
+        else:
+            qkv_BLXD = qkv.view(B, L, H + 2 * G, Dh)
+            if self.q_norm is None:
+                qk_BLXD = rotary.apply(qkv_BLXD[:, :, :H + G], cos, sin)
+                return qk_BLXD[:, :, :H], qk_BLXD[:, :, H:], qkv_BLXD[:, :, H + G:]
+            q, k, v = qkv_BLXD.split((H, G, G), dim=2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rotary.apply(q, cos, sin), rotary.apply(k, cos, sin), v
+
+    def _through_cache(self, cache: KVCache, k_BLGD: Tensor, v_BLGD: Tensor,
                        write: CacheWrite) -> tuple[Tensor, Tensor]:
         """Write the new keys/values into their slots; return all slots attention may read."""
         k_all, v_all = cache.k[self.layer], cache.v[self.layer]
-        k_new_NGD = k_BGLD.transpose(1, 2)[write.valid_BL]
-        v_new_NGD = v_BGLD.transpose(1, 2)[write.valid_BL]
-        k_all[write.rows_N, :, write.slots_N] = k_new_NGD.to(k_all.dtype)
-        v_all[write.rows_N, :, write.slots_N] = v_new_NGD.to(v_all.dtype)
+        k_all[write.rows_N, :, write.slots_N] = write.values(k_BLGD).to(k_all.dtype)
+        v_all[write.rows_N, :, write.slots_N] = write.values(v_BLGD).to(v_all.dtype)
         k_read, v_read = k_all[write.read, :, :cache.end], v_all[write.read, :, :cache.end]
-        return k_read.to(k_BGLD.dtype), v_read.to(v_BGLD.dtype)
+        return k_read.to(k_BLGD.dtype), v_read.to(v_BLGD.dtype)
 
 
 class Block(nn.Module):
@@ -275,7 +323,7 @@ class Block(nn.Module):
         if cache is None:
             return h_BLD
         h_all = cache.h[self.layer]
-        h_all[write.rows_N, 0, write.slots_N] = h_BLD[write.valid_BL].to(h_all.dtype)
+        h_all[write.rows_N, 0, write.slots_N] = write.values(h_BLD).to(h_all.dtype)
         return h_all[write.read, 0, :cache.end]
 
 
@@ -291,6 +339,7 @@ class CloverModel(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(
             config.dim, config.vocab_size, bias=False)
+        self.head_fast: FastLinear | None = None  # set by `fuse_projections`
 
     def forward(self, ids_BL: Tensor, pos_BL: Tensor | None = None, *, cache: KVCache | None = None,
                 slot_B: Tensor | None = None, cache_rows: list[int] | None = None,
@@ -327,8 +376,23 @@ class CloverModel(nn.Module):
         logits = self.project(h_sel)
         return ModelOutput(logits, self._moe_stats(stats), h_BLD if return_hidden else None)
 
+    def fuse_projections(self, enabled: bool = True, pack: bool = True) -> CloverModel:
+        """Inference fast paths (clover/model/fused.py): q/k/v and gate/up as one matmul each
+        (no copy, same state dict) and, with `pack` on a bf16 CPU model, oneDNN-prepacked
+        weights for small inputs. Layers that cannot fuse keep their separate projections;
+        `enabled=False` goes back to the separate ones everywhere (the reference)."""
+        for module in self.modules():
+            if isinstance(module, (Attention, SwiGLU)):
+                module.fuse(enabled, pack)
+        head = ("embed",) if self.lm_head is None else ("lm_head",)
+        self.head_fast = FastLinear.build(self, head, pack) if enabled else None
+        return self
+
     def project(self, h: Tensor) -> Tensor:
         """LM head (tied to the embedding when configured)."""
+        out = self.head_fast(h) if self.head_fast is not None else None
+        if out is not None:
+            return out
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
     def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, cache_rows, attn_mask_BLS):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MODEL = "models/clover-tiny"
+DEFAULT_MODEL = "models/clover-smol"
 
 
 @dataclass(kw_only=True)

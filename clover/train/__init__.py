@@ -1,8 +1,9 @@
 """Training: data and collation, objectives per attention mode, the loop (resume), DDP and FSDP2
-(`parallel`), checkpoints (`checkpointing`), recipes.
+(`parallel`), checkpoints (`checkpointing`).
 
-`Trainer(model, examples, TrainConfig(...)).fit()` is the library entry point;
-`clover train --recipe airspace-tiny` the command-line one (see `clover.train.recipes`).
+`Trainer(model, examples, TrainConfig(...)).fit()` is the library entry point. This package knows
+no task: the recipes that train the shipped models live with their task
+(`clover.tasks.airspace.recipes`, `clover train --recipe airspace-smol`).
 """
 
 from clover.train.config import TrainConfig, lr_at

@@ -90,7 +90,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     """Train one airspace-smol model (AR twin or diffusion) and write its adapter directory."""
     from clover.checkpoint import load_config
     from clover.tasks.airspace import generate_examples
-    from clover.train.recipes import airspace_evaluator
+    from clover.tasks.airspace.recipes import airspace_evaluator
 
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from clover.tasks.airspace.recipes import RECIPES, RunArgs, parse_overrides, run_recipe
 from clover.train import DistEnv
-from clover.train.recipes import RECIPES, RunArgs, parse_overrides, run_recipe
 
 
 def _train(args: argparse.Namespace) -> int:

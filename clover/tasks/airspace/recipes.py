@@ -1,10 +1,11 @@
-"""Recipes: named, reproducible training runs that end in a shipped model directory.
+"""The airspace task's recipes: named, reproducible training runs that end in a model directory.
 
-`airspace-tiny` trains `clover-tiny` (block diffusion) or `clover-tiny-ar` (causal) on the airspace
-task: a tokenizer from the task's training text (vocab = the preset's), SFT examples from the
-task's generator (prompt = chat template with tools, never masked; response = the assistant's
-tool calls + EOS), the loop in `clover.train.loop`, then `training.json` + README.md beside the
-weights. `--init-from` starts from another model directory's weights (AR-to-diffusion adaptation).
+`airspace-smol` (clover.tasks.airspace.smol) adapts the embedded SmolLM2 base with LoRA: the
+shipped pair. `airspace-tiny` trains a from-scratch `clover-tiny` (block diffusion) or
+`clover-tiny-ar` (causal): a tokenizer from the task's training text (vocab = the preset's), SFT
+examples from the task's generator (prompt = chat template with tools, never masked; response =
+the assistant's tool calls + EOS), the loop in `clover.train.loop`, then `training.json` +
+README.md beside the weights. `--init-from` starts from another model directory's weights.
 """
 
 from __future__ import annotations

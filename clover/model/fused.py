@@ -1,0 +1,100 @@
+"""Fast linear layers for inference: fused projections and oneDNN-prepacked bf16 weights.
+
+`FastLinear.build(owner, names)` takes linear layers that read the same input (q/k/v, gate/up,
+or one layer alone), copies their weights (and biases) into one [sum of outputs, in] tensor and
+re-points each layer's parameters at its rows: memory stays the same, the state dict (keys and
+values) is unchanged, and in-place updates reach the fused tensor too. With `pack=True` (CPU,
+bf16) it also keeps a oneDNN-prepacked copy of that weight, used for inputs of at most
+`PACKED_MAX_TOKENS` tokens: measured ~2-3x faster than `F.linear` for a bf16 matrix-vector
+product on an AVX-512 BF16 CPU (the plain call re-lays the weight out each time), slower for
+larger inputs. The packed copy costs the weight's memory once more.
+
+`__call__` returns None, and callers run the separate layers (the reference), unless every
+layer is still the same plain module with the same, unmodified parameters, and autograd is off:
+`.to(dtype)`, assigned parameters, an in-place update (for the packed copy), a quantized weight
+or a wrapper (LoRA) all fall back. The tied LM head is an `nn.Embedding`'s weight used as one.
+"""
+
+# Shapes: O fused outputs, I inputs
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PACKED_MAX_TOKENS = 16
+
+
+class FastLinear:
+    """One [O, I] weight (and [O] bias) whose row blocks are several layers' parameters."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...], weight_OI: Tensor,
+                 bias_O: Tensor | None, pack: bool) -> None:
+        self.owner, self.names = owner, names
+        self.layers = [getattr(owner, n) for n in names]
+        self.weight_OI, self.bias_O = weight_OI, bias_O
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight_OI, 1) if pack else None
+        self._state = self._identity()
+
+    @classmethod
+    def build(cls, owner: nn.Module, names: tuple[str, ...], pack: bool = False
+              ) -> FastLinear | None:
+        """Fuse owner's layers in place (None when they cannot be fused)."""
+        layers = [getattr(owner, n) for n in names]
+        if not all(_plain(m) for m in layers) or len({_bias(m) is None for m in layers}) != 1:
+            return None
+        if len(layers) == 1:
+            weight_OI, bias_O = layers[0].weight.data, _bias(layers[0])
+        else:
+            weight_OI = _stack_into([m.weight for m in layers])
+            bias_O = None if _bias(layers[0]) is None else _stack_into([m.bias for m in layers])
+        pack = pack and weight_OI.device.type == "cpu" and weight_OI.dtype == torch.bfloat16
+        fast = cls(owner, names, weight_OI, None if bias_O is None else bias_O.data, pack)
+        return fast if fast._state is not None else None
+
+    def __call__(self, x: Tensor) -> Tensor | None:
+        """x @ weight.T + bias, or None when the reference layers must run instead."""
+        if torch.is_grad_enabled() or self._identity() != self._state:
+            return None  # (_state is never None: `build` checks it)
+        if self.packed is not None and x.numel() <= PACKED_MAX_TOKENS * x.shape[-1]:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias_O, "none", [], "")
+        return F.linear(x, self.weight_OI, self.bias_O)
+
+    def _identity(self) -> tuple | None:
+        """Which modules and parameter versions the fused (and packed) weights were built from."""
+        if any(getattr(self.owner, n) is not m
+               for n, m in zip(self.names, self.layers, strict=True)):
+            return None
+        try:
+            return tuple((p.data_ptr(), p._version) for m in self.layers
+                         for p in (m.weight, _bias(m)) if p is not None)
+        except RuntimeError:  # a weight without storage (a quantized tensor subclass)
+            return None
+
+
+def _bias(module: nn.Module) -> Tensor | None:
+    return getattr(module, "bias", None)
+
+
+def _plain(module: nn.Module) -> bool:
+    params = [p for p in (module.weight, _bias(module)) if p is not None]
+    return type(module) in (nn.Linear, nn.Embedding) and all(type(p.data) is Tensor
+                                                               for p in params)
+
+
+@torch.no_grad()
+def _stack_into(params: list[nn.Parameter]) -> Tensor:
+    """Concatenate along dim 0 and make each parameter a view of its block of the result."""
+    fused = torch.cat([p.data for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start:start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+def linear(fast: FastLinear | None, x: Tensor, reference: nn.Module) -> Tensor:
+    """The fast layer's output when it can run, else the reference layer's."""
+    out = fast(x) if fast is not None else None
+    return reference(x) if out is None else out

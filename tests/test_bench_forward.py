@@ -1,0 +1,43 @@
+"""`clover bench forward`: the cost table's arithmetic and a small sweep on a saved tiny model."""
+
+import json
+
+import pytest
+
+from clover.bench.forward import ForwardConfig, Point, plot, predicted_ratios, render, sweep
+from clover.checkpoint import save
+from clover.config import get_preset
+from clover.model import build_model
+
+
+def test_predicted_ratio_is_tpf_times_one_token_cost_over_block_cost():
+    """A block of L costing 1.5x one token, committing 6 tokens per forward: 6 / 1.5 = 4x."""
+    points = [Point("bf16", 1, 1, 10.0, 5.0, "memory"), Point("bf16", 1, 32, 15.0, 6.0, "memory")]
+    (row,) = predicted_ratios(points, (6.0, 1.5))
+    assert row["cost_vs_one_token"] == 1.5
+    assert row["ratio_at_tpf"] == {"6.0": 4.0, "1.5": 1.0}
+
+
+def test_bad_flags_name_themselves():
+    with pytest.raises(ValueError, match="--precisions"):
+        ForwardConfig(precisions=("fp8",))
+    with pytest.raises(ValueError, match="--lengths"):
+        ForwardConfig(lengths=(0,))
+
+
+def test_sweep_times_every_point_against_a_measured_roofline(tmp_path):
+    """Every (precision, batch, L) gets a time, a floor below it and a bound; the JSON is
+    plain data, the table renders and the plot is written."""
+    path = save(build_model(get_preset("tiny", attention="causal", block_size=1)), None,
+                tmp_path / "m")
+    cfg = ForwardConfig(model=str(path), precisions=("fp32", "bf16"), batch_sizes=(1, 2),
+                        lengths=(1, 4), context=8, repeats=1)
+    results = sweep(cfg, progress=lambda _: None)
+    assert len(results["points"]) == 8
+    assert all(p["ms"] > 0 and p["floor_ms"] > 0 and p["bound"] in ("memory", "compute")
+               for p in results["points"])
+    assert results["machine"]["bandwidth_gbs"] > 0 and len(results["predicted_dllm_over_ar"]) == 4
+    json.dumps(results)
+    assert "predicted dLLM/AR" in render(results)
+    pytest.importorskip("matplotlib")
+    assert plot(results, tmp_path / "f.png").stat().st_size > 0
