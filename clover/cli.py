@@ -20,7 +20,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def _inspect(args: argparse.Namespace) -> int:
     from clover.inspect import describe, render_table, resolve_config
 
-    info = describe(resolve_config(args.model))
+    config = resolve_config(args.model)
+    if args.plan:
+        from clover.plan import PlanConfig, make_plan, render_plan
+
+        plan = make_plan(config, PlanConfig(gpus=args.gpus, gpu_mem_gib=args.gpu_mem,
+                                            seq_len=args.seq_len, micro_batch=args.micro_batch))
+        print(json.dumps(plan) if args.json else render_plan(plan))
+        return 0
+    info = describe(config)
     print(json.dumps(info) if args.json else render_table(info))
     return 0
 
@@ -30,6 +38,15 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="preset name (e.g. clover-35b-a3b), model directory, or a "
                                  "Hugging Face config.json of an importable family")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plan", action="store_true",
+                   help="memory plan: FSDP2 training and replica / tensor / expert-parallel "
+                        "serving over --gpus GPUs of --gpu-mem GiB (from the config alone)")
+    p.add_argument("--gpus", type=int, default=8, help="with --plan: number of GPUs")
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="with --plan: GiB per GPU")
+    p.add_argument("--seq-len", type=int, default=4096,
+                   help="with --plan: tokens per training sequence")
+    p.add_argument("--micro-batch", type=int, default=1,
+                   help="with --plan: training sequences per GPU per forward")
     p.set_defaults(func=_inspect)
 
 

@@ -22,6 +22,7 @@ from clover.train import (
     block_diffusion,
     block_diffusion_reference,
     causal,
+    close_distributed,
     default_collator,
     full_diffusion,
     lr_at,
@@ -29,7 +30,6 @@ from clover.train import (
 )
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
-from clover.train.loop import close_distributed
 from clover.train.objectives import Noise, ObjectiveModule, clean_noise
 
 

@@ -1,4 +1,5 @@
-"""`clover serve`: run the OpenAI-compatible server (uvicorn) on one model.
+"""`clover serve`: run the OpenAI-compatible server (uvicorn) on one model; `--replicas N` runs N
+engine replicas of it behind one endpoint on Ray Serve (`ray_serve.py`).
 
 Flags map one to one onto `ServerConfig` fields. The server binds 127.0.0.1 unless told otherwise;
 the API key comes from --api-key or the CLOVER_API_KEY environment variable.
@@ -34,6 +35,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"warning: listening on {config.host}, reachable from other machines{note}",
               file=sys.stderr)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.replicas > 1:
+        from clover.server import ray_serve
+
+        return ray_serve.serve_forever(config, ray_serve.RayConfig(
+            replicas=args.replicas, address=args.ray_address,
+            cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica))
     server = CloverServer.load(config)
     print(f"serving {server.model_name!r} on http://{config.host}:{config.port}/v1 "
           f"(max batch {config.max_batch}, context {server.capacity})", file=sys.stderr)
@@ -96,5 +103,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--stall-after", type=float, default=60.0,
                    help="/health answers 503 once the engine loop is stuck this long "
                         "(default: 60)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="engine replicas behind one endpoint; > 1 runs them on Ray Serve "
+                        "(needs the `ray` extra; default: 1, one process)")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (default: start one here)")
+    p.add_argument("--cpus-per-replica", type=float, default=1.0,
+                   help="with --replicas: Ray CPUs reserved per replica (default: 1)")
+    p.add_argument("--gpus-per-replica", type=float, default=None,
+                   help="with --replicas: GPUs per replica (default: 1 when the device is "
+                        "CUDA, else 0)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_serve)

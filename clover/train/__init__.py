@@ -1,12 +1,15 @@
-"""Training: data and collation, objectives per attention mode, the loop (resume, DDP).
+"""Training: data and collation, objectives per attention mode, the loop (resume), DDP and FSDP2
+(`parallel`), checkpoints (`checkpointing`).
 
 `Trainer(model, examples, TrainConfig(...)).fit()` is the library entry point. This package knows
 no task: the recipes that train the shipped models live with their task
 (`clover.tasks.airspace.recipes`, `clover train --recipe airspace-smol`).
 """
 
+from clover.train.config import TrainConfig, lr_at
 from clover.train.data import Batch, Collator, TokenExample, sft_example
-from clover.train.loop import TrainConfig, Trainer, default_collator, lr_at
+from clover.train.distributed import DistEnv, close_distributed
+from clover.train.loop import Trainer, default_collator
 from clover.train.objectives import (
     OBJECTIVES,
     batch_noise,
@@ -16,6 +19,6 @@ from clover.train.objectives import (
     full_diffusion,
 )
 
-__all__ = ["OBJECTIVES", "Batch", "Collator", "TokenExample", "TrainConfig", "Trainer",
+__all__ = ["OBJECTIVES", "Batch", "Collator", "DistEnv", "TokenExample", "TrainConfig", "Trainer",
            "batch_noise", "block_diffusion", "block_diffusion_reference", "causal",
-           "default_collator", "full_diffusion", "lr_at", "sft_example"]
+           "close_distributed", "default_collator", "full_diffusion", "lr_at", "sft_example"]

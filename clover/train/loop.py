@@ -1,33 +1,34 @@
-"""The training loop: AdamW with warmup + cosine, accumulation, clipping, DDP, checkpoints, resume.
+"""The training loop: AdamW with warmup + cosine, accumulation, clipping, logging, resume.
 
 `Trainer(model, examples, TrainConfig(...)).fit()` trains any Clover model with the objective of
 its attention mode. Promises: the update of a step depends only on (weights, optimizer state,
 seed, step), never on how the global batch is split into micro-batches or processes (losses are
-normalised by the global target count); a run stopped after a checkpoint and resumed continues
-with exactly the losses of an uninterrupted run. Under `torchrun` it uses torch.distributed
-(gloo on CPU, NCCL on GPU); rank 0 alone writes files and prints.
+normalised by the global target count), nor on `parallel` (DDP or FSDP2, `parallel.py`); a run
+stopped after a checkpoint and resumed continues with exactly the losses of an uninterrupted run
+(`checkpointing.py`; FSDP2 checkpoints also resume at another world size). Under `torchrun` it
+uses torch.distributed (`distributed.py`); rank 0 alone writes files and prints (`progress.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import inspect
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from clover import checkpoint
-from clover.engine.llm import resolve_device as engine_device
 from clover.model import CloverModel
+from clover.train import checkpointing
 from clover.train.balance import load_fractions, load_stats, update_expert_bias
+from clover.train.checkpointing import CHECKPOINT_DIR, TrainState
+from clover.train.config import TrainConfig, lr_at, make_optimizer
 from clover.train.data import (
     Batch,
     Collator,
@@ -37,82 +38,20 @@ from clover.train.data import (
     shard,
     step_indices,
 )
-from clover.train.objectives import OBJECTIVES, ObjectiveModule, batch_noise, first_target
+from clover.train.distributed import DistEnv, all_reduce_sum, init_distributed, resolve_device
+from clover.train.objectives import (
+    OBJECTIVES,
+    Objective,
+    ObjectiveModule,
+    batch_noise,
+    first_target,
+)
+from clover.train.parallel import PARALLEL, full_model
+from clover.train.progress import Display
 
-CHECKPOINT_DIR = "checkpoint"
-STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.pt"
 LOG_FILE = "log.jsonl"
 
 Evaluate = Callable[[CloverModel, int], dict[str, Any]]
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    """One training run. `batch_size` is global: examples per optimizer step over all processes."""
-
-    steps: int = 1000
-    batch_size: int = 16
-    micro_batch_size: int = 0  # examples per forward per process; 0: the process's whole share
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0: no clipping
-    bf16: bool = False  # autocast matmuls to bfloat16 (weights and optimizer stay fp32)
-    seed: int = 0
-    aux_coef: float = 0.01  # MoE load-balance loss weight (softmax routers)
-    bias_rate: float = 1e-3  # expert-bias step per update (sigmoid routers)
-    noise_eps: float = 1e-3  # t ~ U[eps, 1]
-    sharpen_coef: float = 0.0  # weight of the entropy on already-right targets (confidence)
-    ar_coef: float = 0.0  # diffusion models: weight of a next-token loss under a causal mask
-    eval_every: int = 0  # validation loss (and the evaluate hook) every N steps; 0: at the end
-    save_every: int = 0  # checkpoint every N steps (0: only at the end)
-    log_every: int = 10
-    device: str = "auto"
-    work_dir: str | None = None  # checkpoints and log.jsonl; None: keep nothing on disk
-    resume: bool = False  # continue from work_dir/checkpoint if it exists
-    stop_after: int | None = None  # checkpoint and stop after this step (a planned interruption)
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, "steps", "must be >= 1"),
-            (self.batch_size >= 1, "batch_size", "must be >= 1"),
-            (self.micro_batch_size >= 0, "micro_batch_size", "must be >= 0"),
-            (self.lr > 0, "lr", "must be > 0"),
-            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]"),
-            (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
-            (self.grad_clip >= 0, "grad_clip", "must be >= 0"),
-            (self.ar_coef >= 0, "ar_coef", "must be >= 0"),
-            (self.log_every >= 1, "log_every", "must be >= 1"),
-            (not self.resume or self.work_dir, "resume", "needs work_dir"),
-        ]
-        for ok, name, why in checks:
-            if not ok:
-                raise ValueError(f"TrainConfig.{name} {why} (got {getattr(self, name)!r})")
-
-
-def lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio at `steps`."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    span = max(config.steps - config.warmup_steps, 1)
-    progress = min((step - config.warmup_steps) / span, 1.0)
-    floor = config.lr * config.min_lr_ratio
-    return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms, biases, 1-d parameters)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
 def default_collator(model_config, eos_fill: str | None = None) -> Collator:
@@ -125,56 +64,14 @@ def default_collator(model_config, eos_fill: str | None = None) -> Collator:
                     first_target=first_target(model_config))
 
 
-# ---- distributed --------------------------------------------------------------------------------
+def _objective(mode: str, share_prefix: bool) -> Objective:
+    """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
+    every row instead of sharing it through a KV cache (same loss and gradients)."""
+    objective = OBJECTIVES[mode]
+    if share_prefix or "share_prefix" not in inspect.signature(objective).parameters:
+        return objective
+    return functools.partial(objective, share_prefix=False)
 
-@dataclass
-class DistEnv:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        """torchrun's RANK / WORLD_SIZE / LOCAL_RANK (a single process when unset)."""
-        env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-                   int(env.get("LOCAL_RANK", 0)))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def resolve_device(name: str, env: DistEnv) -> torch.device:
-    """The engine's device rule, with each process of a distributed run on its own GPU."""
-    device = engine_device(name)
-    return torch.device(f"cuda:{env.local_rank}") if device.type == "cuda" else device
-
-
-def init_distributed(env: DistEnv, device: torch.device) -> None:
-    if env.world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-
-
-def close_distributed() -> None:
-    """Leave the process group cleanly: wait for every rank, then destroy it.
-
-    A rank that tears gloo down while a peer still talks to it can abort the peer
-    ("terminate called without an active exception"), so all ranks meet first."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    if env.world > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-# ---- the trainer --------------------------------------------------------------------------------
 
 @dataclass
 class StepResult:
@@ -188,17 +85,6 @@ class StepResult:
     ar_loss: float | None = None  # mean next-token loss of the AR term (ar_coef > 0)
 
 
-@dataclass
-class TrainState:
-    """What a checkpoint restores beside weights and optimizer (JSON, in the model directory)."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    wall_s: float = 0.0
-    losses: list[float] = field(default_factory=list)  # training loss of every step so far
-    history: list[dict] = field(default_factory=list)  # logged metrics (log.jsonl lines)
-
-
 class Trainer:
     def __init__(self, model: CloverModel, train_data: Sequence[TokenExample],
                  config: TrainConfig, *, val_data: Sequence[TokenExample] = (),
@@ -206,6 +92,9 @@ class Trainer:
                  evaluate: Evaluate | None = None) -> None:
         if not train_data:
             raise ValueError("no training examples")
+        if config.ar_coef and model.config.attention == "causal":
+            raise ValueError("ar_coef adds a next-token loss to a diffusion objective; this "
+                             "model is causal already")
         self.config, self.train_data, self.val_data = config, train_data, val_data
         self.env = DistEnv.from_environ()
         self.device = resolve_device(config.device, self.env)
@@ -213,26 +102,18 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = model.to(self.device).train()
         self.model_config = model.config
+        self.parallel = PARALLEL[config.parallel]()
+        self.parallel.shard(self.model, self.env, self.device, config.bf16)
         self.collator = collator or default_collator(model.config)
-        self.objective = OBJECTIVES[model.config.attention]
+        self.objective = _objective(model.config.attention, self.parallel.shares_prefix)
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()
         self.work_dir = Path(config.work_dir) if config.work_dir else None
         if config.resume:
             self._resume()
-        if config.ar_coef and model.config.attention == "causal":
-            raise ValueError("ar_coef adds a next-token loss to a diffusion objective; this "
-                             "model is causal already")
-        self.net = self._wrap(ObjectiveModule(self.model, self.objective, config.ar_coef))
-
-    def _wrap(self, module: ObjectiveModule) -> nn.Module:
-        if self.env.world == 1:
-            return module
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        # Experts that get no token on one rank have no gradient there: DDP must look for them.
-        return nn.parallel.DistributedDataParallel(
-            module, device_ids=ids, find_unused_parameters=self.model_config.is_moe)
+        self.net = self.parallel.wrap(ObjectiveModule(self.model, self.objective, config.ar_coef),
+                                      self.model, self.env, self.device)
 
     @property
     def per_rank(self) -> int:
@@ -282,12 +163,11 @@ class Trainer:
         counts = None
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or world == 1 else self.net.no_sync()
-            with sync:
+            with self.parallel.sync(self.net, self.model, enabled=last):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                     noise = batch_noise(batch, self.model_config, cfg.noise_eps)
                     out = self.net(batch, noise)
-                # DDP averages gradients over processes: scale by world to get their sum.
+                # DDP and FSDP2 average gradients over processes: scale by world to sum.
                 loss = out.loss_sum * (world / num_targets)
                 if out.confident_entropy_sum is not None:
                     ent_sum += float(out.confident_entropy_sum.detach())
@@ -308,9 +188,7 @@ class Trainer:
         return loss_sum, aux_sum, ent_sum, ar_sum, counts
 
     def _clip(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.config.grad_clip or float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return self.parallel.clip(self.model, self.config.grad_clip or float("inf"))
 
     # ---- validation ----
     @torch.no_grad()
@@ -319,36 +197,70 @@ class Trainer:
         if not self.val_data:
             return None
         cfg, env = self.config, self.env
-        slots = list(range(env.rank, len(self.val_data), env.world))
-        size = cfg.micro_batch_size or self.per_rank
         sums = torch.zeros(2, dtype=torch.float64)
-        for m in chunks(slots, size):
-            batch = self.collator([self.val_data[k] for k in m],
-                                  noise_seeds(cfg.seed, -1, m)).to(self.device)
+        for m in self._val_parts():
+            batch = self.collator([self.val_data[k] for k in m or [0]],
+                                  noise_seeds(cfg.seed, -1, m or [0])).to(self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 out = self.objective(self.model, self.model_config, batch,
                                      batch_noise(batch, self.model_config, cfg.noise_eps))
-            sums += torch.tensor([float(out.loss_sum), batch.num_targets], dtype=torch.float64)
+            if m is not None:
+                sums += torch.tensor([float(out.loss_sum), batch.num_targets],
+                                     dtype=torch.float64)
         sums = all_reduce_sum(sums, env)
         return float(sums[0] / sums[1].clamp_min(1))
+
+    def _val_parts(self) -> list[list[int] | None]:
+        """This process's validation micro-batches. A sharded model gathers its weights with
+        every process at each forward, so then all run the same number (None: run, discard)."""
+        env = self.env
+        size = self.config.micro_batch_size or self.per_rank
+        parts: list[list[int] | None] = list(
+            chunks(list(range(env.rank, len(self.val_data), env.world)), size))
+        if self.parallel.sharded and env.world > 1:
+            most = math.ceil(math.ceil(len(self.val_data) / env.world) / size)
+            parts += [None] * (most - len(parts))
+        return parts
 
     def run_evaluation(self) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
         val = self.validate()
         if val is not None:
             metrics["val_loss"] = round(val, 5)
-        if self.evaluate is not None and self.env.is_main:
-            self.model.eval()
+        if self.evaluate is None:
+            return metrics
+        model = self.full_model() if self.parallel.sharded else self.model
+        if self.env.is_main:
+            model.eval()
             with torch.no_grad():
-                metrics.update(self.evaluate(self.model, self.state.step))
-            self.model.train()
+                metrics.update(self.evaluate(model, self.state.step))
+            model.train()
         return metrics
+
+    def full_model(self, device: torch.device | str | None = None) -> CloverModel | None:
+        """The whole model, unsharded, on the main process (None elsewhere), on `device` (default:
+        the training device). Every process must call it: under FSDP2 it all-gathers the weights
+        into CPU memory first."""
+        state = self.parallel.full_state(self.model, self.env)
+        if state is None:
+            return None
+        model = self.model if not self.parallel.sharded else full_model(state, self.model)
+        return model.to(device or self.device)
+
+    def export(self, path: str | Path, *, extra: dict[str, str] | None = None,
+               dtype: torch.dtype | None = None) -> Path | None:
+        """Write the trained model as a model directory (full safetensors, tokenizer, extra
+        files) from the main process; every process must call it (see `full_model`)."""
+        model = self.full_model(device="cpu")
+        if model is None:
+            return None
+        return checkpoint.save(model, self.tokenizer, path, extra=extra, dtype=dtype)
 
     # ---- the run ----
     def fit(self) -> dict[str, Any]:
         """Train to config.steps (or stop_after); checkpoint; return the final metrics."""
         cfg, st = self.config, self.state
-        display = _Display(cfg, self.env.is_main, start_step=st.step)
+        display = Display(cfg.steps, cfg.progress, self.env.is_main, start_step=st.step)
         t0, tokens0, last_eval = time.perf_counter(), st.tokens_seen, {}
         mark = t0  # wall time up to `mark` is already in st.wall_s
         with display:
@@ -392,7 +304,7 @@ class Trainer:
                          moe_load=load_fractions(r.counts_LE))
         return entry
 
-    def _log(self, entry: dict[str, Any], display: _Display) -> None:
+    def _log(self, entry: dict[str, Any], display: Display) -> None:
         self.state.history.append(entry)
         display.log(entry)
         if self.work_dir is not None and self.env.is_main:
@@ -409,39 +321,26 @@ class Trainer:
 
     # ---- checkpoints ----
     def save(self, elapsed_since: float | None = None) -> Path | None:
-        """Write work_dir/checkpoint atomically: model directory + trainer state + optimizer."""
+        """Write work_dir/checkpoint atomically (format: `checkpointing`, by `parallel`)."""
         if elapsed_since is not None:
             self.state.wall_s += time.perf_counter() - elapsed_since
         if self.work_dir is None:
             return None
-        path = self.work_dir / CHECKPOINT_DIR
-        if self.env.is_main:
-            tmp = self.work_dir / f".{CHECKPOINT_DIR}.tmp"
-            extra = {STATE_FILE: json.dumps({"train_config": asdict(self.config),
-                                             **asdict(self.state)}, indent=1)}
-            checkpoint.save(self.model, self.tokenizer, tmp, extra=extra)
-            torch.save({"optimizer": self.optimizer.state_dict(),
-                        "rng_cpu": torch.get_rng_state()}, tmp / OPTIMIZER_FILE)
-            checkpoint.replace_dir(tmp, path)
-        if self.env.world > 1:
-            dist.barrier()
-        return path
+        state_json = json.dumps({"train_config": asdict(self.config), **asdict(self.state)},
+                                indent=1)
+        return checkpointing.write(self.work_dir, self.model, self.optimizer, self.tokenizer,
+                                   state_json, self.env, sharded=self.parallel.sharded)
 
     def _resume(self) -> None:
         path = self.work_dir / CHECKPOINT_DIR
-        if not (path / STATE_FILE).is_file():
+        saved = checkpointing.saved_state(path)
+        if saved is None:
             if self.env.is_main:
                 print(f"resume: no checkpoint in {path}; starting from step 0")
             return
-        saved = json.loads((path / STATE_FILE).read_text())
         self._check_compatible(saved["train_config"], checkpoint.load_config(path))
-        from safetensors.torch import load_file
-
-        self.model.load_state_dict(load_file(str(path / checkpoint.WEIGHTS_FILE),
-                                             device=str(self.device)), strict=True)
-        opt = torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(opt["optimizer"])
-        torch.set_rng_state(opt["rng_cpu"])
+        checkpointing.read(path, self.model, self.optimizer, self.device,
+                           sharded=self.parallel.sharded)
         self.state = TrainState(**{k: saved[k] for k in asdict(TrainState())})
         if self.env.is_main:  # drop log lines written after the checkpoint (the killed tail)
             lines = "".join(json.dumps(e) + "\n" for e in self.state.history)
@@ -457,55 +356,3 @@ class Trainer:
         if model_config.to_dict() != self.model_config.to_dict():
             raise ValueError("--resume: the checkpoint's config.json differs from this model's "
                              "config; use a new work directory")
-
-
-class _Display:
-    """Log lines on the main process; plus a rich progress bar (loss, tokens/s, ETA) when stderr
-    is a terminal and config.progress is set."""
-
-    def __init__(self, config: TrainConfig, enabled: bool, start_step: int) -> None:
-        from rich.console import Console
-
-        self.enabled = enabled
-        self.console = Console(stderr=True)
-        self.progress = None
-        if enabled and config.progress and self.console.is_terminal:
-            self.progress = _rich_progress(self.console)
-            self.task = self.progress.add_task("train", total=config.steps, completed=start_step,
-                                               loss=float("nan"), tok_s=0.0)
-
-    def __enter__(self) -> _Display:
-        if self.progress is not None:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def update(self, step: int, loss: float, tok_s: float) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, completed=step, loss=loss, tok_s=tok_s)
-
-    def log(self, entry: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        shown = {k: v for k, v in entry.items() if k not in ("moe_load", "lr", "tokens_seen")}
-        self.console.print(" ".join(f"{k}={v}" for k, v in shown.items()), highlight=False,
-                           soft_wrap=True)
-
-
-def _rich_progress(console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]:.4f}"),
-                    TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=console)

@@ -17,8 +17,8 @@ import torch
 
 from clover.config import ModelConfig, get_preset
 from clover.model import build_model
+from clover.train import TrainConfig, Trainer
 from clover.train.data import sft_example
-from clover.train.loop import TrainConfig, Trainer
 
 
 def synthetic(config: ModelConfig, n: int, seq_len: int, prompt_len: int,

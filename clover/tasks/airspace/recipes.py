@@ -25,8 +25,8 @@ from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS
 from clover.tokenizer import PROMPT_FORMATS
+from clover.train import DistEnv, TrainConfig, Trainer, close_distributed
 from clover.train.data import TokenExample, sft_example
-from clover.train.loop import DistEnv, TrainConfig, Trainer, close_distributed
 
 SPECIAL_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|eos|>")
 
@@ -284,6 +284,7 @@ class RunArgs:
     resume: bool = False
     stop_after: int | None = None  # checkpoint and stop here (a planned split of the run)
     device: str = "auto"
+    parallel: str = "ddp"  # ddp | fsdp (FSDP2, sharded checkpoints)
     seed: int = 0
     bf16: bool = False
     eval_examples: int | None = None
@@ -310,6 +311,9 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
+    if recipe.base and args.parallel != "ddp":
+        raise ValueError(f"--parallel {args.parallel}: the LoRA recipe {recipe.name} trains with "
+                         "--parallel ddp only")
     if recipe.base:
         from clover.tasks.airspace.smol import run_smol
 
@@ -333,7 +337,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         steps=args.steps or recipe.steps, batch_size=args.batch_size or recipe.batch_size,
         micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
-        seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
+        seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
+        work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0,
         save_every=25, log_every=5,
@@ -355,9 +360,9 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     trainer = Trainer(model, train, train_cfg, val_data=airspace_sft(tokenizer, val_examples),
                       tokenizer=tokenizer, evaluate=evaluate)
     summary = trainer.fit()
-    if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
+    if trainer.state.step >= train_cfg.steps:  # every rank exports (FSDP2 gathers the weights)
         info = _training_info(args, recipe, train_cfg, trainer, summary, tokenizer)
-        checkpoint.save(trainer.model.cpu(), tokenizer, out, extra={
+        trainer.export(out, extra={
             "training.json": json.dumps(info, indent=2) + "\n",
             "README.md": _readme(config, info)}, dtype=getattr(torch, args.save_dtype))
         summary["out"] = str(out)

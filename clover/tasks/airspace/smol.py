@@ -23,8 +23,8 @@ import torch
 from clover.checkpoint import adapter
 from clover.checkpoint.base import BASE_NAME, GGUF_SHA256, require_base
 from clover.config import ModelConfig
+from clover.train import DistEnv, TrainConfig, Trainer, close_distributed
 from clover.train.data import TokenExample, sft_example
-from clover.train.loop import DistEnv, TrainConfig, Trainer, close_distributed
 
 
 def smol_sft(tokenizer, examples: list) -> list[TokenExample]:

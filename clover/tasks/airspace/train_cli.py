@@ -1,6 +1,7 @@
 """`clover train`: run a named recipe (flags map one-to-one to `RunArgs` fields).
 
-Works the same under `torchrun --nproc-per-node N -m clover.cli train ...` (DDP, rank 0 writes).
+Works the same under `torchrun --nproc-per-node N -m clover.cli train ...` (DDP, or FSDP2 with
+`--parallel fsdp`; rank 0 writes files).
 """
 
 from __future__ import annotations
@@ -9,14 +10,15 @@ import argparse
 import json
 
 from clover.tasks.airspace.recipes import RECIPES, RunArgs, parse_overrides, run_recipe
-from clover.train.loop import DistEnv
+from clover.train import DistEnv
 
 
 def _train(args: argparse.Namespace) -> int:
     summary = run_recipe(RunArgs(
         recipe=args.recipe, attention=args.attention, init_from=args.init_from, out=args.out,
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
-        stop_after=args.stop_after, device=args.device, seed=args.seed, bf16=args.bf16,
+        stop_after=args.stop_after, device=args.device, parallel=args.parallel, seed=args.seed,
+        bf16=args.bf16,
         eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
         sharpen=args.sharpen, ar_mix=args.ar_mix, save_dtype=args.save_dtype,
@@ -49,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "WORK/checkpoint is then a model directory for --init-from, and --resume "
                         "finishes the run)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"],
+                   help="under torchrun: ddp keeps the whole model on every process; fsdp shards "
+                        "parameters, gradients and optimizer state per transformer block (FSDP2) "
+                        "and checkpoints through torch.distributed.checkpoint (resumable at "
+                        "another process count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")
     p.add_argument("--eval-examples", type=int, default=None,
