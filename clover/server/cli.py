@@ -80,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="temperature of a request that names none (default: 1.0, as OpenAI "
                         "and vLLM; 0 makes such requests greedy)")
     p.add_argument("--max-n", type=int, default=8, help="most choices (n) per request")
+    _add_grammar_flags(p)
+    _add_lifecycle_flags(p)
+    _add_replica_flags(p)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_serve)
+
+
+def _add_grammar_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("structured output (grammar compilation, per request)")
     g.add_argument("--grammar-time-budget", type=float, default=5.0,
                    help="seconds one grammar may take to compile before a 400 (default: 5)")
@@ -89,6 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest schema / grammar source accepted (default: 256 KiB)")
     g.add_argument("--grammar-workers", type=int, default=1,
                    help="sandbox processes compiling grammars in parallel (default: 1)")
+
+
+def _add_lifecycle_flags(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("connections and lifecycle")
     t.add_argument("--timeout-keep-alive", type=float, default=5.0,
                    help="close an idle keep-alive connection after this many s (default: 5)")
@@ -103,6 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--stall-after", type=float, default=60.0,
                    help="/health answers 503 once the engine loop is stuck this long "
                         "(default: 60)")
+
+
+def _add_replica_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=1,
                    help="engine replicas behind one endpoint; > 1 runs them on Ray Serve "
                         "(needs the `ray` extra; default: 1, one process)")
@@ -113,5 +127,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-replica", type=float, default=None,
                    help="with --replicas: GPUs per replica (default: 1 when the device is "
                         "CUDA, else 0)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=_serve)

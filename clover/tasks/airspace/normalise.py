@@ -4,7 +4,7 @@ The model copies values from a message (a coordinate string, a radius with its u
 their reference, ISO times that may carry a local offset); this module turns them into numbers:
 decimal degrees, metres, UTC minutes. It is pure Python, never guesses, and raises `ValueError`
 with a message naming the bad value for anything it cannot read. 1 NM = 1852 m, 1 ft = 0.3048 m,
-FL = 100 ft (standard pressure), SFC/GND = 0 ft AGL, `24:00` = next day 00:00. Long because it
+FL = 100 ft (standard pressure), SFC/GND = 0 ft AGL, `24:00` = next day 00:00. It is long because it
 reads every notation the messages use (coordinates, places, polygons, lengths, limits, times).
 """
 

@@ -304,6 +304,22 @@ class RunArgs:
     save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
 
 
+def _check_args(args: RunArgs, recipe: Recipe) -> None:
+    """Flag values a from-scratch recipe cannot use; the error names the flag."""
+    if args.prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
+                         f"{', '.join(PROMPT_FORMATS)}")
+    if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
+        raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
+                         f"models (--attention block or full; got {args.attention})")
+    if not 0.0 <= args.copy_mix <= 1.0:
+        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
+    steps = args.steps or recipe.steps
+    if args.stop_after is not None and not 0 < args.stop_after < steps:
+        raise ValueError(f"--stop-after={args.stop_after} must be a step in 1..{steps - 1} "
+                         f"(--steps is {steps})")
+
+
 def run_recipe(args: RunArgs) -> dict[str, Any]:
     """Tokenizer, data, model, training, and the final model directory (rank 0 writes it)."""
     from clover.tasks.airspace import generate_examples
@@ -318,18 +334,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         from clover.tasks.airspace.smol import run_smol
 
         return run_smol(args, recipe)
-    if args.prompt_format not in PROMPT_FORMATS:
-        raise ValueError(f"--prompt-format={args.prompt_format!r}: use one of "
-                         f"{', '.join(PROMPT_FORMATS)}")
-    if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
-        raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
-                         f"models (--attention block or full; got {args.attention})")
-    if not 0.0 <= args.copy_mix <= 1.0:
-        raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
-    steps = args.steps or recipe.steps
-    if args.stop_after is not None and not 0 < args.stop_after < steps:
-        raise ValueError(f"--stop-after={args.stop_after} must be a step in 1..{steps - 1} "
-                         f"(--steps is {steps})")
+    _check_args(args, recipe)
     config = recipe_config(recipe, args.attention, args.shift_logits, args.config_overrides)
     out = Path(args.out or f"models/{config.name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")

@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the recipe's model config, e.g. --set "
                         "num_dense_layers=4 (repeatable; values are JSON or text)")
+    _add_base_recipe_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
+    p.set_defaults(func=_train)
+
+
+def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of recipes that adapt the embedded pretrained base (airspace-smol)."""
     p.add_argument("--lora-rank", type=int, default=32,
                    help="base recipes (airspace-smol): rank of the LoRA adapter")
     p.add_argument("--block-size", type=int, default=None,
@@ -91,5 +98,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(e.g. the AR twin, for its diffusion adaptation)")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps (default: the recipe's)")
-    p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
-    p.set_defaults(func=_train)
+
