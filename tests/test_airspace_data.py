@@ -266,7 +266,7 @@ def test_texts_look_like_their_formats(train):
                 assert re.match(r"!(FDC \d/\d{4}|[A-Z0-9]{3} \d{2}/\d{3}) ", part), part
 
 
-@pytest.mark.parametrize("name", ["clover-tiny", "clover-tiny-ar"])
+@pytest.mark.parametrize("name", ["clover-smol", "clover-smol-ar"])
 def test_gold_answers_fit_the_default_max_tokens(name):
     """eval / demo / bench decode with max_tokens ANSWER_MAX_TOKENS: a right answer is never
     cut (a cut call is scored invalid), with 30% to spare for the model's own spelling."""
