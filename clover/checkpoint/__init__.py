@@ -8,6 +8,7 @@ be wrong (missing file, bad config, unknown/missing key, wrong shape, truncated 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -45,22 +46,34 @@ def save_state(config: ModelConfig, state: dict[str, torch.Tensor], tokenizer: A
                path: str | Path, extra: dict[str, str] | None = None, *,
                dtype: torch.dtype | None = None) -> Path:
     """`save` for a config and a state dict (importers build these without a model)."""
+    with atomic_dir(path) as tmp:
+        config.save(tmp / CONFIG_FILE)
+        state = {k: _stored(v, dtype) for k, v in state.items()}
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "producer": "clover"})
+        write_extras(tmp, tokenizer, extra)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path):
+    """A temporary directory beside `path` that replaces it when the block ends without error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        config.save(tmp / CONFIG_FILE)
-        state = {k: _stored(v, dtype) for k, v in state.items()}
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "producer": "clover"})
-        if tokenizer is not None:
-            from clover.tokenizer import save_tokenizer
-            save_tokenizer(tokenizer, tmp)
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
+        yield tmp
         replace_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return path
+
+
+def write_extras(directory: Path, tokenizer: Any | None, extra: dict[str, str] | None) -> None:
+    """The tokenizer files and the extra text files (README.md, training.json) of a directory."""
+    if tokenizer is not None:
+        from clover.tokenizer import save_tokenizer
+        save_tokenizer(tokenizer, directory)
+    for name, text in (extra or {}).items():
+        (directory / name).write_text(text)
 
 
 def _stored(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

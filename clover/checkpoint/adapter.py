@@ -84,29 +84,17 @@ def save_adapter(model: nn.Module, config: ModelConfig, peft_config, tokenizer, 
                  base: dict[str, Any], extra: dict[str, str] | None = None,
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write an adapter model directory (atomically, like `checkpoint.save`)."""
-    import shutil
-    import tempfile
+    from clover.checkpoint import atomic_dir, write_extras
 
-    from clover.checkpoint import replace_dir
-    from clover.tokenizer import save_tokenizer
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         config.save(tmp / "config.json")
         state = {k: v.detach().cpu().to(dtype).contiguous() for k, v in lora_state(model).items()}
         save_file(state, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(peft_config.to_dict(), indent=2,
                                                      default=list) + "\n")
         (tmp / BASE_FILE).write_text(json.dumps(base, indent=2) + "\n")
-        save_tokenizer(tokenizer, tmp)
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-        replace_dir(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        write_extras(tmp, tokenizer, extra)
+    return Path(path)
 
 
 def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None = None):
