@@ -98,3 +98,27 @@ def test_missing_base_names_the_setup_command(base_cache, tokenizer, tmp_path, m
     monkeypatch.setenv("CLOVER_CACHE", str(tmp_path / "empty"))
     with pytest.raises(CheckpointError, match="make setup"):
         load_model(out)
+
+
+def test_init_adapter_starts_from_the_saved_lora_and_checks_it(base_cache, tokenizer, tmp_path):
+    """`--init-adapter`: the diffusion run's LoRA starts as the AR twin's; a wrong rank or a
+    directory without adapter files is a clear error naming the flag."""
+    from clover.tasks.airspace.smol import smol_model
+
+    causal = adapted_config(base_cache.config, "causal", 1, False, "ar")
+    model = ad.base_model_for(causal)
+    peft_config = ad.lora_config(4)
+    ad.inject_lora(model, peft_config)
+    _random_lora(model, seed=3)
+    saved = ad.save_adapter(model, causal, peft_config, tokenizer, tmp_path / "ar", base={},
+                            dtype=torch.float32)
+    block = adapted_config(base_cache.config, "block", 4, True, "dl")
+    started, _ = smol_model(block, 4, str(saved))
+    want = {k: v for k, v in ad.lora_state(model).items()}
+    got = ad.lora_state(started)
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(ValueError, match="--init-adapter .*rank 4 != --lora-rank 8"):
+        smol_model(block, 8, str(saved))
+    with pytest.raises(ValueError, match="--init-adapter .*adapter_config.json: missing"):
+        smol_model(block, 4, str(tmp_path))

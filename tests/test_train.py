@@ -427,3 +427,28 @@ def test_resume_after_sigkill(tmp_path):
     ref = json.loads((tmp_path / "ref" / "checkpoint" / "trainer_state.json").read_text())
     resumed = json.loads(state.read_text())
     assert resumed["step"] == 30 and resumed["losses"] == ref["losses"]
+
+
+@pytest.mark.parametrize("mode", ["block", "causal"])
+def test_prefix_without_grad_same_loss_truncated_gradient(mode):
+    """prefix_grad=False: the loss is the same; the gradient no longer flows into the shared
+    prefix's keys and values, so the last layer's key/value projections get a different one."""
+    cfg = tiny(mode, shift_logits=mode == "block")
+    model = build_model(cfg, seed=0)
+    batch = default_collator(cfg)(shared_prompt_examples(4), list(range(4)))
+    noise = batch_noise(batch, cfg)
+    objective = block_diffusion if mode == "block" else causal
+
+    def run(**kw):
+        model.zero_grad()
+        out = objective(model, cfg, batch, noise, **kw)
+        out.loss_sum.backward()
+        return out.loss_sum.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                       if p.grad is not None}
+
+    (full_loss, full_g), (cut_loss, cut_g) = run(), run(prefix_grad=False)
+    assert torch.allclose(full_loss, cut_loss, rtol=1e-5)
+    last = f"layers.{cfg.num_layers - 1}.attn"
+    changed = [n for n in full_g if n.startswith(last) and not torch.allclose(
+        full_g[n], cut_g.get(n, torch.zeros_like(full_g[n])), atol=1e-7)]
+    assert changed, "the prefix's gradient path was not cut"

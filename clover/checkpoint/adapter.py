@@ -126,20 +126,31 @@ def with_mask_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_adapter_model(path: str | Path, device="cpu", dtype: torch.dtype | None = None):
-    """Base + adapter -> a merged `CloverModel` (eval mode)."""
+def read_adapter(path: str | Path):
+    """(peft `LoraConfig`, fp32 LoRA matrices) of an adapter directory; a missing file is a
+    CheckpointError naming it."""
     from peft import LoraConfig
 
+    path = Path(path)
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path / name}: missing (not an adapter directory)")
+    peft_config = LoraConfig(**{k: v for k, v in json.loads(
+        (path / ADAPTER_CONFIG).read_text()).items() if k in LoraConfig.__dataclass_fields__})
+    state = {k: v.float() for k, v in load_file(str(path / ADAPTER_WEIGHTS)).items()}
+    return peft_config, state
+
+
+def load_adapter_model(path: str | Path, device="cpu", dtype: torch.dtype | None = None):
+    """Base + adapter -> a merged `CloverModel` (eval mode)."""
     from clover.checkpoint import load_config
 
     path = Path(path)
     config = load_config(path)
     model = base_model_for(config)
-    peft_config = LoraConfig(**{k: v for k, v in json.loads(
-        (path / ADAPTER_CONFIG).read_text()).items() if k in LoraConfig.__dataclass_fields__})
+    peft_config, state = read_adapter(path)
     inject_lora(model, peft_config)
-    state = load_file(str(path / ADAPTER_WEIGHTS))
-    load_lora_state(model, {k: v.float() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS))
+    load_lora_state(model, state, str(path / ADAPTER_WEIGHTS))
     model = merge_lora(model)
     for p in model.parameters():
         p.requires_grad_(True)

@@ -64,13 +64,18 @@ def default_collator(model_config, eos_fill: str | None = None) -> Collator:
                     first_target=first_target(model_config))
 
 
-def _objective(mode: str, share_prefix: bool) -> Objective:
+def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True) -> Objective:
     """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
-    every row instead of sharing it through a KV cache (same loss and gradients)."""
+    every row instead of sharing it through a KV cache (same loss and gradients). With
+    `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient)."""
     objective = OBJECTIVES[mode]
-    if share_prefix or "share_prefix" not in inspect.signature(objective).parameters:
+    if "share_prefix" not in inspect.signature(objective).parameters:
         return objective
-    return functools.partial(objective, share_prefix=False)
+    if not share_prefix:
+        return functools.partial(objective, share_prefix=False)
+    if not prefix_grad:
+        return functools.partial(objective, prefix_grad=False)
+    return objective
 
 
 @dataclass
@@ -105,7 +110,8 @@ class Trainer:
         self.parallel = PARALLEL[config.parallel]()
         self.parallel.shard(self.model, self.env, self.device, config.bf16)
         self.collator = collator or default_collator(model.config)
-        self.objective = _objective(model.config.attention, self.parallel.shares_prefix)
+        self.objective = _objective(model.config.attention, self.parallel.shares_prefix,
+                                    config.prefix_grad)
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()

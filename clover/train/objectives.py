@@ -93,16 +93,17 @@ def _flat_index(masked_BL: Tensor) -> Tensor:
 # ---- block diffusion ----------------------------------------------------------------------------
 
 def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
-                    share_prefix: bool = True) -> LossOutput:
+                    share_prefix: bool = True, prefix_grad: bool = True) -> LossOutput:
     """All blocks in one forward over [x_0 (L columns), x_t of the blocks holding a mask (M)].
 
     Noisy copies of blocks with no masked token anywhere in the batch are left out: nothing reads
     them. With shifted logits, target i is read at i - 1: the noisy copy when i - 1 is in the same
     block, else the clean copy (the last token of the finished block before it). A context prefix
-    common to every row (SFT system prompt and tools) is run once and shared through a KV cache.
+    common to every row (SFT system prompt and tools) is run once and shared through a KV cache
+    (without gradient when `prefix_grad` is off).
     """
     P = shared_prefix_len(batch, config) if share_prefix else 0
-    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P)
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad)
     B, L = batch.ids_BL.shape
     bs = config.block_size
     blk_L = batch.pos_BL[0] // bs
@@ -161,7 +162,7 @@ def full_diffusion(model: nn.Module, config: ModelConfig, batch: Batch,
 
 
 def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
-           share_prefix: bool = True) -> LossOutput:
+           share_prefix: bool = True, prefix_grad: bool = True) -> LossOutput:
     """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise).
 
     A `block` or `full` model gets the same loss under a causal mask in place of its own (the AR
@@ -171,7 +172,7 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
         share_prefix = False
         causal_mask = visibility("causal", config.block_size, batch.pos_BL, batch.pos_BL)
     P = shared_prefix_len(batch, config) if share_prefix else 0
-    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P)
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad)
     src_BL = torch.full_like(batch.ids_BL, -1)
     b_N, i_N = batch.target_BL.nonzero(as_tuple=True)
     assert bool((i_N > 0).all()), "causal targets need their previous token in the batch"
@@ -200,16 +201,19 @@ def shared_prefix_len(batch: Batch, config: ModelConfig) -> int:
     return max(n, 0) // config.block_size * config.block_size
 
 
-def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int):
+def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int,
+                 grad: bool = True):
     """Run the first P tokens once (row 0) and return (cache holding their keys and values for
-    every row, with gradient; prefix MoE stats; the batch and noise from position P on)."""
+    every row, with gradient unless `grad` is off; prefix MoE stats; the batch and noise from
+    position P on)."""
     if P == 0:
         return None, None, batch, noise
     B, L = batch.ids_BL.shape
     device = batch.ids_BL.device
     one = KVCache(config, 1, P, device=device)
-    out = model(batch.ids_BL[:1, :P], batch.pos_BL[:1, :P], cache=one,
-                logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        out = model(batch.ids_BL[:1, :P], batch.pos_BL[:1, :P], cache=one,
+                    logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
     cache = KVCache(config, B, 2 * L, device=device)  # room for clean + noisy copies
     for layer in range(config.num_layers):
         cache.k[layer] = _spread(one.k[layer], B, 2 * L - P)

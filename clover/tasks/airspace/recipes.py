@@ -302,6 +302,8 @@ class RunArgs:
     block_size: int | None = None  # base recipes: diffusion block size (default: the recipe's)
     init_adapter: str | None = None  # base recipes: start the LoRA from this adapter directory
     save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
+    micro_batch_size: int | None = None  # examples per forward (default: the recipe's)
+    prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -340,9 +342,10 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     work = Path(args.work_dir or f"runs/train/{out.name}")
     train_cfg = TrainConfig(
         steps=args.steps or recipe.steps, batch_size=args.batch_size or recipe.batch_size,
-        micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
+        micro_batch_size=args.micro_batch_size or recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
+        prefix_grad=args.prefix_grad,
         work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0,

@@ -72,17 +72,14 @@ def smol_model(config: ModelConfig, rank: int, init_adapter: str | None):
     peft_config = adapter.lora_config(rank)
     adapter.inject_lora(model, peft_config)
     if init_adapter:
-        from safetensors.torch import load_file
-
-        path = Path(init_adapter) / adapter.ADAPTER_WEIGHTS
-        if not path.is_file():
-            raise ValueError(f"--init-adapter {init_adapter}: no {adapter.ADAPTER_WEIGHTS} there")
-        saved = json.loads((Path(init_adapter) / adapter.ADAPTER_CONFIG).read_text())
-        if saved.get("r") != rank:
-            raise ValueError(f"--init-adapter {init_adapter}: rank {saved.get('r')} != "
+        try:
+            saved, state = adapter.read_adapter(init_adapter)
+        except adapter.CheckpointError as e:
+            raise ValueError(f"--init-adapter {init_adapter}: {e}") from e
+        if saved.r != rank:
+            raise ValueError(f"--init-adapter {init_adapter}: rank {saved.r} != "
                              f"--lora-rank {rank}")
-        state = {k: v.float() for k, v in load_file(str(path)).items()}
-        adapter.load_lora_state(model, state, str(path))
+        adapter.load_lora_state(model, state, str(Path(init_adapter) / adapter.ADAPTER_WEIGHTS))
     return model, peft_config
 
 
@@ -101,8 +98,9 @@ def run_smol(args, recipe) -> dict[str, Any]:
     steps = args.steps or recipe.steps
     train_cfg = TrainConfig(
         steps=steps, batch_size=args.batch_size or recipe.batch_size,
-        micro_batch_size=recipe.micro_batch_size, lr=args.lr or recipe.lr,
+        micro_batch_size=args.micro_batch_size or recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, steps // 10), weight_decay=0.0,
+        prefix_grad=args.prefix_grad,
         seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0, save_every=args.save_every or 20, log_every=1,
@@ -137,6 +135,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "block_size": config.block_size, "shift_logits": config.shift_logits,
         "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
         "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
+        "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),

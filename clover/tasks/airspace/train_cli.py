@@ -25,7 +25,8 @@ def _train(args: argparse.Namespace) -> int:
         copy_mix=args.copy_mix,
         prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
         lora_rank=args.lora_rank, block_size=args.block_size, init_adapter=args.init_adapter,
-        save_every=args.save_every,
+        save_every=args.save_every, micro_batch_size=args.micro_batch_size,
+        prefix_grad=not args.no_prefix_grad,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -98,4 +99,10 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "(e.g. the AR twin, for its diffusion adaptation)")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps (default: the recipe's)")
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="examples per forward (default: the recipe's); the global batch is "
+                        "accumulated, so only memory and speed change")
+    p.add_argument("--no-prefix-grad", action="store_true",
+                   help="run the prompt prefix shared by a micro-batch (system prompt and "
+                        "tools) without gradient: cheaper steps, a truncated gradient")
 
