@@ -346,6 +346,20 @@ def test_micro_batches_do_not_change_the_update():
         assert torch.allclose(a, b, atol=1e-5)
 
 
+
+def test_micro_batches_group_similar_lengths():
+    """Micro-batches hold examples of similar length (less padding), each with its own noise seed:
+    the padded width summed over micro-batches is the smallest a split into pairs can give."""
+    cfg = tiny("block")
+    data = [sft_example([3] * (4 + 7 * (i % 5)), [4, 5, 6]) for i in range(16)]
+    trainer = Trainer(build_model(cfg, seed=0), data, _config(steps=1, batch_size=8,
+                                                              micro_batch_size=2))
+    batches = trainer.micro_batches(0)
+    lengths = sorted(int(n) for b in batches for n in b.length_B)
+    assert sum(b.ids_BL.shape[1] for b in batches) == sum(lengths[1::2])
+    seeds = sorted(int(s) for b in batches for s in b.seed_B)
+    assert len(set(seeds)) == 8
+
 # ---- distributed --------------------------------------------------------------------------------
 
 def _free_port() -> int:

@@ -133,7 +133,10 @@ class Trainer:
         """This process's micro-batches of the global batch at `step` (data and noise seeds)."""
         cfg = self.config
         idx = step_indices(step, cfg.batch_size, len(self.train_data), cfg.seed)
-        slots = shard(range(cfg.batch_size), self.env.rank, self.env.world)
+        # similar lengths share a micro-batch (less padding); a slot keeps its example and noise,
+        # and sorting before sharding gives processes the groups micro-batches would get
+        by_length = sorted(range(cfg.batch_size), key=lambda k: len(self.train_data[idx[k]].ids))
+        slots = shard(by_length, self.env.rank, self.env.world)
         size = cfg.micro_batch_size or self.per_rank
         return [self.collator([self.train_data[idx[k]] for k in m],
                               noise_seeds(cfg.seed, step, m)).to(self.device)
