@@ -11,24 +11,19 @@ so "the model sees the system message and the tools" is checked on the model's o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import socket
-import threading
-import time
 
 import openai
 import pytest
 import torch
 import transformers
-import uvicorn
 
 from clover.checkpoint.base import require_base
 from clover.checkpoint.convert import CHATML_TOOLS_TEMPLATE, convert
 from clover.checkpoint.keymap import CheckpointError
-from clover.server import CloverServer, ServerConfig, create_app
-from clover.server.testing import ScriptedModel
+from clover.server import CloverServer, ServerConfig
+from clover.server.testing import ScriptedModel, serving
 from clover.tokenizer import format_tool_call, load_tokenizer, parse_tool_calls, render_chat
 
 CHATML_PLAIN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
@@ -120,26 +115,6 @@ def test_chatml_without_tools_gets_hermes_tools_and_calls_round_trip(converted_c
     parsed = parse_tool_calls(written)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
             for c in parsed.tool_calls] == [("get_weather", {"city": "Zurich"})]
-
-
-@contextlib.contextmanager
-def serving(server: CloverServer):
-    """The real server under uvicorn in a thread on a free loopback port; yields its URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    uv = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 class RecordingModel(ScriptedModel):

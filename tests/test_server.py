@@ -9,8 +9,6 @@ response builder produce it.
 import contextlib
 import copy
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,9 +18,8 @@ import openai
 import pytest
 import torch
 
-from clover.server import CloverServer, ServerConfig, create_app
-from clover.server.http import build_uvicorn
-from clover.server.testing import ScriptedModel, build_tiny_model_dir
+from clover.server import CloverServer, ServerConfig
+from clover.server.testing import ScriptedModel, build_tiny_model_dir, serving
 from clover.tasks.airspace.contract import strict_tools
 from clover.tasks.airspace.tools import format_call
 from clover.tokenizer import render_chat
@@ -34,27 +31,6 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 HELLO = [{"role": "user", "content": "Hello! How can I help you today?"}]
 ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-@contextlib.contextmanager
-def serving(server: CloverServer):
-    """Run `server` under uvicorn in a thread on a free loopback port; yield its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = build_uvicorn(create_app(server), server, log_level="warning")
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def _load(model_dir, **config) -> CloverServer:

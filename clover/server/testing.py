@@ -3,12 +3,16 @@
 `build_tiny_model_dir` writes a random `tiny` model with a small trained tokenizer (seconds, no
 downloads). `ScriptedModel` is that model with a rigged output layer: positions listed in its
 `script` (absolute position -> token id) get that token with near-certainty, so a test can make a
-random model emit an exact answer (a tool call, say) through the real engine and server. It is
-for tests only; nothing in the server imports it.
+random model emit an exact answer (a tool call, say) through the real engine and server.
+`serving` runs a server on a free loopback port for the length of a `with` block. It is for tests
+only; nothing in the server imports it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -74,3 +78,29 @@ class ScriptedModel(CloverModel):
                 out.logits[n] = -30.0
                 out.logits[n, self.script[p]] = 30.0
         return out
+
+
+@contextlib.contextmanager
+def serving(server):
+    """Run `server` (a `CloverServer`) under uvicorn in a thread on a free loopback port, with its
+    timeouts; yield its base URL; stop it on exit."""
+    from clover.server import create_app
+    from clover.server.http import build_uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = build_uvicorn(create_app(server), server, log_level="warning")
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
