@@ -173,6 +173,25 @@ def test_metrics_are_prometheus_with_a_model_label(srv, client):
     assert sum(s.value for s in samples if s.name.endswith("_total")) > 0
 
 
+
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(srv, client):
+    """Two chats behind the same long system prompt: the second reuses its keys and values,
+    answers as a server without the cache does, and /metrics counts the reused tokens."""
+    import httpx
+
+    def hits():
+        text = httpx.get(srv.url + "/metrics").text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        return families["clover_prefix_cache_hit_tokens"].samples[0].value
+
+    system = {"role": "system", "content": " ".join(f"rule {i}: be brief." for i in range(20))}
+    ask = [system, {"role": "user", "content": "Hello there"}]
+    before = hits()
+    first = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=6)
+    second = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=6)
+    assert hits() - before >= 64
+    assert second.choices[0].message.content == first.choices[0].message.content
+
 # features with their own extra, imported only when used: Ray Serve replicas (`.[ray]`)
 OTHER_EXTRAS = {"ray"}
 

@@ -17,6 +17,7 @@ from clover.config import PRESETS, get_preset
 from clover.engine.logprobs import output_logprobs, record_logprobs, wants_logprobs
 from clover.engine.params import SamplingParams
 from clover.engine.policies import POLICIES, Proposal
+from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import CompletionOutput, Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
 from clover.engine.sampler import RowSampling, propose
@@ -57,14 +58,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 class Engine:
     def __init__(self, model: CloverModel, tokenizer: Any | None = None, *,
-                 max_batch_size: int = 32, max_model_len: int | None = None) -> None:
+                 max_batch_size: int = 32, max_model_len: int | None = None,
+                 prefix_cache_mb: float = 256.0) -> None:
         self.model = model.eval()
         self.config = model.config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or self.config.max_seq_len
         # the cache starts small and grows (keeping its contents) as requests need more slots
         self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256))
-        self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check, self._verify)
+        # keys and values of prompt heads that earlier requests computed (0 MB: off)
+        self.prefix_cache = PrefixCache(self.config, prefix_cache_mb)
+        self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check, self._verify,
+                                   self._load_prefix)
         self.stats = EngineStats()
         self.policies = {name: cls() for name, cls in POLICIES.items()}
         self.clock = StepClock(torch.cuda.synchronize if self.runner.device.type == "cuda"
@@ -152,6 +157,7 @@ class Engine:
             return []
         self.clock.lap("other_s")
         run = self.runner.run(batch)
+        self._store_prefixes(batch)
         self.clock.lap("model_s", sync=True)
         if any(p.request.constraint is not None for p in batch.rows):
             self._mask_logits(run, batch)
@@ -168,6 +174,18 @@ class Engine:
         self.runner.release([r.row for r in done])
         self._record(batch, run, done)
         return done
+
+    def _load_prefix(self, r: Request) -> None:
+        """A newly admitted request starts with the longest cached head of its prompt."""
+        r.cache_len = self.prefix_cache.load(r.prompt, self.runner.cache, r.row)
+
+    def _store_prefixes(self, batch: ScheduledBatch) -> None:
+        """After a request's first forward its prompt is in the exact cache: keep its chunks."""
+        for p in batch.rows:
+            r = p.request
+            if not r.prefix_stored and p.commit_len is not None:
+                self.prefix_cache.store(r.prompt, self.runner.cache, r.row, p.commit_len)
+                r.prefix_stored = True
 
     def _mask_logits(self, run: RunOutput, batch: ScheduledBatch) -> None:
         """Let each constrained row forbid what its grammar rejects at the frontier."""
@@ -271,6 +289,7 @@ class LLM:
     dtype: str | torch.dtype = "auto"
     max_batch_size: int = 32
     max_model_len: int | None = None
+    prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -290,7 +309,7 @@ class LLM:
             quantize_int8(module)
         self.model = module
         self.engine = Engine(module, self.tokenizer, max_batch_size=self.max_batch_size,
-                             max_model_len=self.max_model_len)
+                             max_model_len=self.max_model_len, prefix_cache_mb=self.prefix_cache_mb)
 
     @property
     def config(self):

@@ -58,6 +58,7 @@ class Request:
     steps_in_block: int = 0
     row: int = -1  # KV-cache row while running
     eos_seen: bool = False
+    prefix_stored: bool = False  # its prompt's chunks went to the prefix cache
     finish_reason: str | None = None
     text: str | None = None  # final text, cut at a stop string if one matched
     stats: RequestStats = field(default_factory=RequestStats)

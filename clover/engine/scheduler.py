@@ -43,6 +43,7 @@ class ScheduledBatch:
 
 StopCheck = Callable[[Request], str | None]  # returns the text cut at a stop string, or None
 Verify = Callable[[Request], None]  # checks a constrained request's commits (see constraint.py)
+Admit = Callable[[Request], None]  # a request got its row (the engine loads a cached prefix)
 
 
 def after_commit(r: Request) -> None:
@@ -52,8 +53,10 @@ def after_commit(r: Request) -> None:
 
 class Scheduler:
     def __init__(self, config: ModelConfig, max_batch_size: int,
-                 stop_check: StopCheck | None = None, verify: Verify = after_commit) -> None:
+                 stop_check: StopCheck | None = None, verify: Verify = after_commit,
+                 on_admit: Admit | None = None) -> None:
         self.config = config
+        self.on_admit = on_admit  # may set request.cache_len (a prefix already in its row)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_rows = list(range(max_batch_size))
@@ -88,6 +91,8 @@ class Scheduler:
             r = self.waiting.popleft()
             r.row = self.free_rows.pop(0)
             r.canvas_end = len(r.prompt) + r.params.max_tokens
+            if self.on_admit is not None:
+                self.on_admit(r)
             self._start_block(r)
             self.running.append(r)
 

@@ -50,7 +50,8 @@ def _routes(app: FastAPI, server: CloverServer) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = server.metrics.render(server.worker.load(), server.worker.heartbeat())
+        text = server.metrics.render(server.worker.load(), server.worker.heartbeat(),
+                                     server.engine.prefix_cache.as_dict())
         return Response(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")

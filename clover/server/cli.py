@@ -65,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "beyond the KV cache)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length (default: the model's max_seq_len)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                   help="memory for the keys and values of prompt heads shared by requests "
+                        "(a system prompt with tools), reused instead of recomputed; 0 turns "
+                        "prefix caching off (default: 256)")
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens for requests that give none (capped by the context)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")

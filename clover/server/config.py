@@ -17,6 +17,7 @@ class ServerConfig:
     max_queue: int = 256  # requests waiting for a row (beyond the free rows) before 429
     max_tokens_in_flight: int | None = None  # prompt + max_tokens over running requests
     max_model_len: int | None = None  # context length (default: the model's max_seq_len)
+    prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
     default_max_tokens: int = 256  # when a request gives none (capped by the context)
     # OpenAI's and vLLM's default: a request that names no temperature samples at 1.0
     default_temperature: float = 1.0
@@ -46,6 +47,8 @@ class ServerConfig:
         if not 0 <= self.default_temperature <= 2:
             raise ValueError(f"--default-temperature must be in [0, 2] "
                              f"(got {self.default_temperature})")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"--prefix-cache-mb must be >= 0 (got {self.prefix_cache_mb})")
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in [0, 65535] (got {self.port})")
 

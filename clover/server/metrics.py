@@ -102,7 +102,10 @@ class Metrics:
                 queued + s.first_block_s)
 
     # ---- exposition -----------------------------------------------------------------------------
-    def render(self, load: dict[str, int], loop_busy_s: float = 0.0) -> bytes:
+    def render(self, load: dict[str, int], loop_busy_s: float = 0.0,
+               prefix: dict[str, float] | None = None) -> bytes:
+        """`prefix`: the engine's prefix-cache counters (`PrefixCache.as_dict`)."""
+        prefix = prefix or {}
         with self._lock:
             values = {
                 "clover_tokens_per_second": self.generated_tokens / self.busy_s
@@ -114,7 +117,10 @@ class Metrics:
                 "clover_queue_depth": load["queued"],
                 "clover_running_requests": load["running"],
                 "clover_tokens_in_flight": load["tokens_in_flight"],
-                "clover_engine_loop_busy_seconds": loop_busy_s}
+                "clover_engine_loop_busy_seconds": loop_busy_s,
+                "clover_prefix_cache_hit_rate": prefix.get("prefix_cache_hit_rate", 0.0),
+                "clover_prefix_cache_hit_tokens": prefix.get("prefix_cache_hit_tokens", 0),
+                "clover_prefix_cache_megabytes": prefix.get("prefix_cache_mb", 0.0)}
         for name, value in values.items():
             self._gauges[name].labels(self.model).set(value)
         return generate_latest(self.registry)
@@ -132,6 +138,10 @@ _GAUGES = (
     ("clover_tokens_in_flight", "Prompt + max_tokens of running requests."),
     ("clover_engine_loop_busy_seconds", "How long the engine loop has been in its current tick "
      "(large: a stalled loop)."),
+    ("clover_prefix_cache_hit_rate", "Share of admitted prompt tokens whose keys and values came "
+     "from the prefix cache."),
+    ("clover_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache."),
+    ("clover_prefix_cache_megabytes", "Memory the prefix cache holds."),
 )
 _HISTOGRAMS = (
     ("clover_request_latency_seconds", "Submit to last token.", LATENCY_BUCKETS),
