@@ -85,12 +85,12 @@ class PrefixCache:
                 continue
             a, b = i * self.chunk, (i + 1) * self.chunk
             entry = [store[row, :, a:b].clone() for store in layers]
-            size = sum(t.numel() * t.element_size() for t in entry)
+            size = _nbytes(entry)
             if size > self.budget:
                 return
             while self.bytes + size > self.budget:
                 _, old = self.entries.popitem(last=False)
-                self.bytes -= sum(t.numel() * t.element_size() for t in old)
+                self.bytes -= _nbytes(old)
             self.entries[key] = entry
             self.bytes += size
 
@@ -99,3 +99,7 @@ class PrefixCache:
                 "prefix_cache_queried_tokens": self.queried_tokens,
                 "prefix_cache_hit_rate": round(self.hit_tokens / max(self.queried_tokens, 1), 4),
                 "prefix_cache_mb": round(self.bytes / 2**20, 2)}
+
+
+def _nbytes(entry: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in entry)
