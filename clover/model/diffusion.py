@@ -63,6 +63,16 @@ def masked_diffusion_loss_sum(logits_NV: Tensor, x0_N: Tensor, t_N: Tensor) -> T
     return (ce_N * (1.0 / t_N)).sum()
 
 
+def complementary_mask(maskable_BL: Tensor, masked_BL: Tensor, t: Tensor, mask_id: int,
+                       x0_BL: Tensor, eps: float = 1e-3) -> tuple[Tensor, Tensor, Tensor]:
+    """The second view of complementary masking (Fast-dLLM v2): every maskable token not masked
+    in the first view is masked, at level 1 - t (floored at eps), so each target is predicted in
+    exactly one of the two views. Returns (x_t, masked_BL, t_BL) of the second view."""
+    masked2_BL = maskable_BL & ~masked_BL
+    t2_BL = (1.0 - t).clamp_min(eps)
+    return torch.where(masked2_BL, mask_id, x0_BL), masked2_BL, t2_BL
+
+
 def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
     """sum over n with argmax(logits_n) == target_n of the entropy of softmax(logits_n).
 
@@ -75,12 +85,15 @@ def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
     return (entropy_N * right_N).sum()
 
 
-def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int) -> Tensor:
+def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int,
+                           view_M: Tensor | None = None) -> Tensor:
     """Attention mask for the vectorised block-diffusion layout [clean x_0 (L), noisy x_t (M)].
 
     A clean token sees clean tokens of its own and earlier blocks; a noisy token sees noisy tokens
     of its own block and clean tokens of strictly earlier blocks. So one forward gives every noisy
-    block the context it has when decoded: finished blocks exact, its own block noised.
+    block the context it has when decoded: finished blocks exact, its own block noised. With
+    `view_M` (which noised copy each noisy column belongs to: complementary masks), a noisy token
+    sees only the noisy tokens of its own block in its own copy.
     Returns [B, L + M, L + M].
     """
     blk_c = torch.div(pos_BL, block_size, rounding_mode="floor")
@@ -89,4 +102,6 @@ def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int
     cn = torch.zeros(*blk_c.shape, blk_n.shape[1], dtype=torch.bool, device=pos_BL.device)
     nc = blk_c[:, None, :] < blk_n[:, :, None]
     nn_ = blk_n[:, None, :] == blk_n[:, :, None]
+    if view_M is not None:
+        nn_ = nn_ & (view_M[None, None, :] == view_M[None, :, None])
     return torch.cat([torch.cat([cc, cn], 2), torch.cat([nc, nn_], 2)], 1)

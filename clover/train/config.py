@@ -37,6 +37,7 @@ class TrainConfig:
     sharpen_coef: float = 0.0  # weight of the entropy on already-right targets (confidence)
     ar_coef: float = 0.0  # diffusion models: weight of a next-token loss under a causal mask
     prefix_grad: bool = True  # False: the shared prompt prefix runs under no_grad (cheaper)
+    complementary: bool = False  # block diffusion: a second view masked where the first is not
     eval_every: int = 0  # validation loss (and the evaluate hook) every N steps; 0: at the end
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     log_every: int = 10

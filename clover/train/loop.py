@@ -64,18 +64,26 @@ def default_collator(model_config, eos_fill: str | None = None) -> Collator:
                     first_target=first_target(model_config))
 
 
-def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True) -> Objective:
+def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True,
+               complementary: bool = False) -> Objective:
     """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
     every row instead of sharing it through a KV cache (same loss and gradients). With
-    `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient)."""
+    `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient).
+    `complementary` (block diffusion) adds the second, complementary masked view."""
     objective = OBJECTIVES[mode]
-    if "share_prefix" not in inspect.signature(objective).parameters:
+    params = inspect.signature(objective).parameters
+    if complementary and "complementary" not in params:
+        raise ValueError(f"complementary masks are for block diffusion, not attention {mode!r}")
+    if "share_prefix" not in params:
         return objective
+    kwargs: dict[str, bool] = {}
     if not share_prefix:
-        return functools.partial(objective, share_prefix=False)
-    if not prefix_grad:
-        return functools.partial(objective, prefix_grad=False)
-    return objective
+        kwargs["share_prefix"] = False
+    elif not prefix_grad:
+        kwargs["prefix_grad"] = False
+    if complementary:
+        kwargs["complementary"] = True
+    return functools.partial(objective, **kwargs) if kwargs else objective
 
 
 @dataclass
@@ -110,15 +118,19 @@ class Trainer:
         self.parallel = PARALLEL[config.parallel]()
         self.parallel.shard(self.model, self.env, self.device, config.bf16)
         self.collator = collator or default_collator(model.config)
+        # validation scores one masked view (comparable with and without complementary masks)
         self.objective = _objective(model.config.attention, self.parallel.shares_prefix,
                                     config.prefix_grad)
+        self.train_objective = _objective(model.config.attention, self.parallel.shares_prefix,
+                                          config.prefix_grad, config.complementary)
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()
         self.work_dir = Path(config.work_dir) if config.work_dir else None
         if config.resume:
             self._resume()
-        self.net = self.parallel.wrap(ObjectiveModule(self.model, self.objective, config.ar_coef),
+        self.net = self.parallel.wrap(ObjectiveModule(self.model, self.train_objective,
+                                                      config.ar_coef),
                                       self.model, self.env, self.device)
 
     @property

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from clover.config import ModelConfig
 from clover.model.diffusion import (
+    complementary_mask,
     confident_entropy_sum,
     mask_tokens,
     masked_diffusion_loss_sum,
@@ -75,14 +76,17 @@ def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
     return Noise(xt_BL, masked_BL, t_BL)
 
 
-def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise,
+def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise | list[Noise],
                    moe: MoEStats | None) -> LossOutput:
-    """Loss for logits taken where src_BS >= 0; src holds the flat index of the target predicted."""
+    """Loss for logits taken where src_BS >= 0; src holds the flat index of the target predicted
+    (view v of several noised views at v * B * L + flat index: their sums are averaged)."""
+    views = noise if isinstance(noise, list) else [noise]
     flat = src_BS[src_BS >= 0]
-    targets_N = batch.ids_BL.reshape(-1)[flat]
-    t_N = noise.t_BL.reshape(-1)[flat]
-    return LossOutput(masked_diffusion_loss_sum(logits_NV, targets_N, t_N), moe,
-                      confident_entropy_sum(logits_NV, targets_N))
+    targets_N = batch.ids_BL.reshape(-1).repeat(len(views))[flat]
+    t_N = torch.cat([v.t_BL.reshape(-1) for v in views])[flat]
+    n = len(views)
+    return LossOutput(masked_diffusion_loss_sum(logits_NV, targets_N, t_N) / n, moe,
+                      confident_entropy_sum(logits_NV, targets_N) / n)
 
 
 def _flat_index(masked_BL: Tensor) -> Tensor:
@@ -93,40 +97,57 @@ def _flat_index(masked_BL: Tensor) -> Tensor:
 # ---- block diffusion ----------------------------------------------------------------------------
 
 def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
-                    share_prefix: bool = True, prefix_grad: bool = True) -> LossOutput:
+                    share_prefix: bool = True, prefix_grad: bool = True,
+                    complementary: bool = False) -> LossOutput:
     """All blocks in one forward over [x_0 (L columns), x_t of the blocks holding a mask (M)].
 
     Noisy copies of blocks with no masked token anywhere in the batch are left out: nothing reads
     them. With shifted logits, target i is read at i - 1: the noisy copy when i - 1 is in the same
     block, else the clean copy (the last token of the finished block before it). A context prefix
     common to every row (SFT system prompt and tools) is run once and shared through a KV cache
-    (without gradient when `prefix_grad` is off).
+    (without gradient when `prefix_grad` is off). `complementary` adds a second noisy copy masked
+    exactly where the first is not (`complementary_mask`): every target gets a loss, the clean
+    copy is computed once for both, and the loss is the mean of the two views'.
     """
     P = shared_prefix_len(batch, config) if share_prefix else 0
-    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad)
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
+                                                   copies=3 if complementary else 2)
     B, L = batch.ids_BL.shape
     bs = config.block_size
+    views = [noise]
+    if complementary:
+        views.append(Noise(*complementary_mask(batch.target_BL, noise.masked_BL, noise.t_BL,
+                                               config.mask_id, batch.ids_BL)))
     blk_L = batch.pos_BL[0] // bs
-    noisy_blocks = torch.unique(blk_L[noise.masked_BL.any(0)])
-    keep_L = torch.isin(blk_L, noisy_blocks)
-    noisy_col_L = L + torch.cumsum(keep_L, 0) - 1  # column of each kept position's noisy copy
-    ids = torch.cat([batch.ids_BL, noise.xt_BL[:, keep_L]], 1)
-    pos = torch.cat([batch.pos_BL, batch.pos_BL[:, keep_L]], 1)
-    valid = torch.cat([batch.valid_BL, batch.valid_BL[:, keep_L]], 1)
-    attn = noisy_clean_visibility(batch.pos_BL, batch.pos_BL[:, keep_L], bs)
+    ids, pos, valid, view_M, picks = [batch.ids_BL], [batch.pos_BL], [batch.valid_BL], [], []
+    start = L
+    for v, view in enumerate(views):
+        noisy_blocks = torch.unique(blk_L[view.masked_BL.any(0)])
+        keep_L = torch.isin(blk_L, noisy_blocks)
+        noisy_col_L = start + torch.cumsum(keep_L, 0) - 1  # column of each kept noisy copy
+        ids.append(view.xt_BL[:, keep_L])
+        pos.append(batch.pos_BL[:, keep_L])
+        valid.append(batch.valid_BL[:, keep_L])
+        view_M.append(torch.full((int(keep_L.sum()),), v, device=keep_L.device))
+        b_N, i_N = view.masked_BL.nonzero(as_tuple=True)
+        col_N = noisy_col_L[i_N]
+        if config.shift_logits:
+            same_block = (batch.pos_BL[b_N, i_N] % bs) != 0
+            col_N = torch.where(same_block, noisy_col_L[i_N - 1], i_N - 1)
+        picks.append((b_N, col_N, v * B * L + _flat_index(view.masked_BL)[b_N, i_N]))
+        start += int(keep_L.sum())
+    ids, pos, valid = torch.cat(ids, 1), torch.cat(pos, 1), torch.cat(valid, 1)
+    attn = noisy_clean_visibility(batch.pos_BL, pos[:, L:], bs,
+                                  torch.cat(view_M) if complementary else None)
     src_BS = torch.full_like(ids, -1)
-    b_N, i_N = noise.masked_BL.nonzero(as_tuple=True)
-    col_N = noisy_col_L[i_N]
-    if config.shift_logits:
-        same_block = (batch.pos_BL[b_N, i_N] % bs) != 0
-        col_N = torch.where(same_block, noisy_col_L[i_N - 1], i_N - 1)
-    src_BS[b_N, col_N] = _flat_index(noise.masked_BL)[b_N, i_N]
+    for b_N, col_N, idx_N in picks:  # a target is masked in one view, so no column is shared
+        src_BS[b_N, col_N] = idx_N
     if cache is not None:  # every new token sees the whole prefix (earlier blocks)
         attn = torch.cat([attn.new_ones(B, attn.shape[1], P), attn], 2)[:, :, :_cache_end(P, valid)]
     out = model(ids, pos, cache=cache, valid_BL=valid, logits_mask_BL=src_BS >= 0,
                 attn_mask_BLS=attn)
     moe = _merge_moe(prefix_moe, P, out.moe, int(valid.sum()))
-    return _selected_loss(out.logits, src_BS, batch, noise, moe)
+    return _selected_loss(out.logits, src_BS, batch, views, moe)
 
 
 def block_diffusion_reference(model: nn.Module, config: ModelConfig, batch: Batch,
@@ -202,10 +223,10 @@ def shared_prefix_len(batch: Batch, config: ModelConfig) -> int:
 
 
 def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int,
-                 grad: bool = True):
+                 grad: bool = True, copies: int = 2):
     """Run the first P tokens once (row 0) and return (cache holding their keys and values for
-    every row, with gradient unless `grad` is off; prefix MoE stats; the batch and noise from
-    position P on)."""
+    every row, with gradient unless `grad` is off, and room for `copies` copies of the rest;
+    prefix MoE stats; the batch and noise from position P on)."""
     if P == 0:
         return None, None, batch, noise
     B, L = batch.ids_BL.shape
@@ -214,12 +235,13 @@ def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noi
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
         out = model(batch.ids_BL[:1, :P], batch.pos_BL[:1, :P], cache=one,
                     logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
-    cache = KVCache(config, B, 2 * L, device=device)  # room for clean + noisy copies
+    room = P + copies * (L - P)  # the prefix, then clean + noisy copies of the rest
+    cache = KVCache(config, B, room, device=device)
     for layer in range(config.num_layers):
-        cache.k[layer] = _spread(one.k[layer], B, 2 * L - P)
-        cache.v[layer] = _spread(one.v[layer], B, 2 * L - P)
+        cache.k[layer] = _spread(one.k[layer], B, room - P)
+        cache.v[layer] = _spread(one.v[layer], B, room - P)
     for layer in range(len(one.h)):  # token_conv models: the prefix's convolution inputs
-        cache.h[layer] = _spread(one.h[layer], B, 2 * L - P)
+        cache.h[layer] = _spread(one.h[layer], B, room - P)
     cache.pos_BS[:, :P] = batch.pos_BL[:1, :P]
     cache.valid_BS[:, :P] = True
     cache.length_B[:] = P

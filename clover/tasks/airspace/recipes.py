@@ -304,6 +304,7 @@ class RunArgs:
     save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
     micro_batch_size: int | None = None  # examples per forward (default: the recipe's)
     prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
+    complementary: bool = False  # block diffusion: add the complementary masked view
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -314,6 +315,9 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
     if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
         raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
                          f"models (--attention block or full; got {args.attention})")
+    if args.complementary and args.attention != "block":
+        raise ValueError(f"--complementary-masks: only for --attention block (got "
+                         f"{args.attention})")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     steps = args.steps or recipe.steps
@@ -345,7 +349,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         micro_batch_size=args.micro_batch_size or recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
-        prefix_grad=args.prefix_grad,
+        prefix_grad=args.prefix_grad, complementary=args.complementary,
         work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0,
@@ -408,7 +412,7 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
         "recipe": recipe.name, "attention": args.attention, "init_from": args.init_from,
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
         "sharpen": args.sharpen, "ar_mix": args.ar_mix, "copy_mix": args.copy_mix,
-        "prompt_loss": args.prompt_loss,
+        "prompt_loss": args.prompt_loss, "complementary_masks": args.complementary,
         "config_overrides": args.config_overrides,
         "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,

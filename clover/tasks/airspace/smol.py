@@ -89,6 +89,9 @@ def run_smol(args, recipe) -> dict[str, Any]:
     from clover.tasks.airspace import generate_examples
     from clover.tasks.airspace.recipes import airspace_evaluator
 
+    if args.complementary and args.attention != "block":
+        raise ValueError(f"--complementary-masks: only for --attention block (got "
+                         f"{args.attention})")
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
@@ -100,7 +103,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
         steps=steps, batch_size=args.batch_size or recipe.batch_size,
         micro_batch_size=args.micro_batch_size or recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, steps // 10), weight_decay=0.0,
-        prefix_grad=args.prefix_grad,
+        prefix_grad=args.prefix_grad, complementary=args.complementary,
         seed=args.seed, device=args.device, bf16=args.bf16, work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0, save_every=args.save_every or 20, log_every=1,
@@ -136,6 +139,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
         "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
+        "complementary_masks": cfg.complementary,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
