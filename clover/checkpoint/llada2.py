@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from clover.checkpoint import llama
 from clover.checkpoint.keymap import CheckpointError, KeyMap, Split
-from clover.checkpoint.llada import first_id
-from clover.checkpoint.llama import rope_theta
 from clover.config import ModelConfig
 
 ARCHITECTURES = ("LLaDA2MoeModelLM",)
@@ -67,27 +66,19 @@ def _check(hf: dict[str, Any]) -> None:
 def config_from_hf(hf: dict[str, Any], name: str = "llada2") -> ModelConfig:
     """A block-diffusion MoE Clover config with BailingMoeV2's math."""
     _check(hf)
-    heads, top_k = hf["num_attention_heads"], hf["num_experts_per_tok"]
-    eos = first_id(hf.get("eos_token_id"), 156892)
+    top_k = hf["num_experts_per_tok"]
     return ModelConfig(
-        name=name, vocab_size=hf["vocab_size"], dim=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=rope_theta(hf),
+        name=name, **llama.dllm_fields(hf, eos=156892, mask=MASK_ID, context=32768),
         partial_rotary=float(hf.get("partial_rotary_factor", 1.0)),
         qk_norm=bool(hf.get("use_qk_norm")), qkv_bias=bool(hf.get("use_qkv_bias")),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), ffn_dim=hf["intermediate_size"],
+        ffn_dim=hf["intermediate_size"],
         num_dense_layers=hf.get("first_k_dense_replace", 0), num_experts=hf["num_experts"],
         num_experts_per_tok=top_k, num_shared_experts=hf.get("num_shared_experts") or 0,
         expert_ffn_dim=hf["moe_intermediate_size"], router="sigmoid",
         router_renorm=top_k > 1,  # BailingMoeV2 renormalises whenever top_k > 1
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
         num_expert_groups=hf.get("n_group") or 1, topk_groups=hf.get("topk_group") or 1,
-        tie_embeddings=bool(hf.get("tie_word_embeddings")), attention="block",
-        block_size=int(hf.get("block_size", DEFAULT_BLOCK)),
-        max_seq_len=int(hf.get("max_position_embeddings", 32768)),
-        eos_id=eos, pad_id=first_id(hf.get("pad_token_id"), eos),
-        mask_id=first_id(hf.get("mask_token_id"), MASK_ID))
+        attention="block", block_size=int(hf.get("block_size", DEFAULT_BLOCK)))
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -99,20 +90,15 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
                               "block-diffusion MoE with a sigmoid router, own-token prediction)")
     return {
         "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-        "partial_rotary_factor": cfg.partial_rotary, "rope_theta": cfg.rope_theta,
+        **llama.common_to_hf(cfg, mask=True),
+        "partial_rotary_factor": cfg.partial_rotary,
         "use_qk_norm": cfg.qk_norm, "use_qkv_bias": cfg.qkv_bias, "use_bias": False,
-        "rms_norm_eps": cfg.norm_eps, "intermediate_size": cfg.ffn_dim, "hidden_act": "silu",
         "first_k_dense_replace": cfg.num_dense_layers, "num_experts": cfg.num_experts,
         "num_experts_per_tok": cfg.num_experts_per_tok,
         "num_shared_experts": cfg.num_shared_experts or None,
         "moe_intermediate_size": cfg.expert_ffn_dim, "score_function": "sigmoid",
         "moe_router_enable_expert_bias": True, "norm_topk_prob": True,
         "routed_scaling_factor": cfg.routed_scaling, "n_group": cfg.num_expert_groups,
-        "topk_group": cfg.topk_groups, "tie_word_embeddings": cfg.tie_embeddings,
-        "max_position_embeddings": cfg.max_seq_len, "block_size": cfg.block_size,
-        "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id, "mask_token_id": cfg.mask_id,
-        "num_nextn_predict_layers": 0, "torch_dtype": "float32",
+        "topk_group": cfg.topk_groups, "block_size": cfg.block_size,
+        "num_nextn_predict_layers": 0,
     }

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clover.checkpoint import qwen3_moe
-from clover.checkpoint.dream import QWEN_ATTENTION, QWEN_FRAME
+from clover.checkpoint import llama, qwen3_moe
 from clover.checkpoint.keymap import CheckpointError, KeyMap
-from clover.checkpoint.llada import first_id
-from clover.checkpoint.llama import check_plain_llama, rope_theta
 from clover.checkpoint.sdar import QK_NORM
 from clover.config import ModelConfig
 
@@ -27,9 +24,8 @@ DEFAULT_BLOCK = 32
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
 KEYS: KeyMap = {
-    **QWEN_FRAME, **QWEN_ATTENTION, **QK_NORM, **qwen3_moe.MOE_KEYS,
-    **{f"model.layers.{{}}.self_attn.{p}_proj.bias": f"layers.{{}}.attn.{p}_proj.bias"
-       for p in "qkv"},
+    **llama.FRAME, **llama.ATTENTION, **QK_NORM, **qwen3_moe.MOE_KEYS,
+    **llama.QKV_BIAS,
     **{f"model.layers.{{}}.mlp.{p}.weight": f"layers.{{}}.ffn.{p}.weight" for p in PROJS},
     **{f"model.layers.{{}}.shared_expert.{p}.weight": f"layers.{{}}.ffn.shared.{p}.weight"
        for p in PROJS},
@@ -38,7 +34,7 @@ ZEROS = qwen3_moe.ZEROS  # its softmax router's bias (when disabled) has no key
 
 
 def _check(hf: dict[str, Any]) -> None:
-    check_plain_llama(hf, "LLaDA-MoE")
+    llama.check_plain_llama(hf, "LLaDA-MoE")
     if hf.get("moe_router_enable_expert_bias"):
         raise CheckpointError("config.json: moe_router_enable_expert_bias=true (a bias added to "
                               "softmax routing weights) is not supported for LLaDA-MoE")
@@ -76,23 +72,16 @@ def _shared(hf: dict[str, Any]) -> int:
 def config_from_hf(hf: dict[str, Any], name: str = "llada-moe") -> ModelConfig:
     """A bidirectional MoE Clover config with LLaDA-MoE's math."""
     _check(hf)
-    heads = hf["num_attention_heads"]
-    eos = first_id(hf.get("eos_token_id"), 156892)
+    fields = llama.dllm_fields(hf, eos=156892, mask=156895, context=8192, norm_eps=1e-5)
+    fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]  # no head_dim field
     return ModelConfig(
-        name=name, vocab_size=hf["vocab_size"], dim=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf["hidden_size"] // heads, rope_theta=rope_theta(hf),
+        name=name, **fields,
         qk_norm=bool(hf.get("qk_layernorm")), qkv_bias=bool(hf.get("attention_bias")),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         ffn_dim=max(hf.get("dense_intermediate_size") or 0, 1),
         num_dense_layers=_layers(hf), num_experts=hf["num_experts"],
         num_experts_per_tok=hf["num_experts_per_tok"], num_shared_experts=_shared(hf),
         expert_ffn_dim=hf["expert_intermediate_size"], router="softmax", router_renorm=False,
-        tie_embeddings=bool(hf.get("tie_word_embeddings")), attention="full",
-        block_size=DEFAULT_BLOCK, max_seq_len=int(hf.get("max_position_embeddings", 8192)),
-        eos_id=eos, pad_id=first_id(hf.get("pad_token_id"), eos),
-        mask_id=first_id(hf.get("mask_token_id"), 156895))
+        attention="full", block_size=DEFAULT_BLOCK)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -104,17 +93,13 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         raise CheckpointError(f"{cfg.name}: not expressible as a LLaDA-MoE checkpoint")
     return {
         "architectures": ["LLaDAMoEModelLM"], "model_type": "lladamoe",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "rope_theta": cfg.rope_theta,
-        "rms_norm_eps": cfg.norm_eps, "qk_layernorm": cfg.qk_norm,
+        **llama.common_to_hf(cfg, head_dim=False, ffn=False, mask=True),
+        "qk_layernorm": cfg.qk_norm,
         "attention_bias": cfg.qkv_bias, "dense_intermediate_size": cfg.ffn_dim,
         "expert_intermediate_size": cfg.expert_ffn_dim,
         "shared_expert_intermediate_size": cfg.expert_ffn_dim * cfg.num_shared_experts or None,
         "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
         "moe_layer_freq": [int(cfg.layer_is_moe(i)) for i in range(cfg.num_layers)],
         "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
-        "clip_qkv": None, "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings,
-        "max_position_embeddings": cfg.max_seq_len, "eos_token_id": cfg.eos_id,
-        "pad_token_id": cfg.pad_id, "mask_token_id": cfg.mask_id, "torch_dtype": "float32",
+        "clip_qkv": None,
     }

@@ -10,26 +10,38 @@ from __future__ import annotations
 from typing import Any
 
 from clover.checkpoint.keymap import CheckpointError, KeyMap
+from clover.checkpoint.llada import first_id
 from clover.config import ModelConfig
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 MODEL_TYPES = ("llama", "mistral")
 
-KEYS: KeyMap = {
+# the pieces every Llama-shaped family (Qwen, Dream, SDAR, LLaDA-MoE) names alike
+FRAME: KeyMap = {
     "model.embed_tokens.weight": "embed.weight",
     "model.layers.{}.input_layernorm.weight": "layers.{}.attn_norm.weight",
-    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attn.q_proj.weight",
-    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attn.k_proj.weight",
-    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attn.v_proj.weight",
-    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attn.o_proj.weight",
     "model.layers.{}.post_attention_layernorm.weight": "layers.{}.ffn_norm.weight",
-    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.ffn.gate_proj.weight",
-    "model.layers.{}.mlp.up_proj.weight": "layers.{}.ffn.up_proj.weight",
-    "model.layers.{}.mlp.down_proj.weight": "layers.{}.ffn.down_proj.weight",
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
     "model.layers.{}.self_attn.rotary_emb.inv_freq": None,  # recomputed from rope_theta
 }
+ATTENTION: KeyMap = {
+    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attn.q_proj.weight",
+    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attn.k_proj.weight",
+    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attn.v_proj.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attn.o_proj.weight",
+}
+QKV_BIAS: KeyMap = {
+    "model.layers.{}.self_attn.q_proj.bias": "layers.{}.attn.q_proj.bias",
+    "model.layers.{}.self_attn.k_proj.bias": "layers.{}.attn.k_proj.bias",
+    "model.layers.{}.self_attn.v_proj.bias": "layers.{}.attn.v_proj.bias",
+}
+DENSE_MLP: KeyMap = {
+    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.ffn.gate_proj.weight",
+    "model.layers.{}.mlp.up_proj.weight": "layers.{}.ffn.up_proj.weight",
+    "model.layers.{}.mlp.down_proj.weight": "layers.{}.ffn.down_proj.weight",
+}
+KEYS: KeyMap = {**FRAME, **ATTENTION, **DENSE_MLP}
 
 def rope_theta(hf: dict[str, Any]) -> float:
     """RoPE base from either config style (transformers 5 `rope_parameters`, or `rope_theta`);
@@ -40,6 +52,12 @@ def rope_theta(hf: dict[str, Any]) -> float:
     if kind != "default":
         raise CheckpointError(f"config.json: rope_type {kind!r} is not supported (only default)")
     return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def refuse_true(hf: dict[str, Any], key: str, family: str) -> None:
+    """A config.json flag this family's import does not implement, refused by name when set."""
+    if hf.get(key):
+        raise CheckpointError(f"config.json: {key}=true is not supported for {family}")
 
 
 def check_plain_llama(hf: dict[str, Any], family: str = "Llama") -> None:
@@ -53,8 +71,7 @@ def check_plain_llama(hf: dict[str, Any], family: str = "Llama") -> None:
 
 def config_from_hf(hf: dict[str, Any], name: str = "llama") -> ModelConfig:
     """A causal Clover config with the same math as this Llama config.json."""
-    if hf.get("attention_bias"):
-        raise CheckpointError("config.json: attention_bias=true is not supported for Llama")
+    refuse_true(hf, "attention_bias", "Llama")
     return ModelConfig(name=name, **common_fields(hf, "Llama"))
 
 
@@ -70,10 +87,28 @@ def common_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
         vocab_size=vocab, dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=num_heads, num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-        rope_theta=rope_theta(hf), norm_eps=float(hf["rms_norm_eps"]),
+        rope_theta=rope_theta(hf), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         ffn_dim=hf["intermediate_size"], tie_embeddings=bool(hf.get("tie_word_embeddings")),
         attention="causal", block_size=1, max_seq_len=_context(hf),
         eos_id=eos, pad_id=eos if pad is None else pad, mask_id=_spare_id(vocab, eos, pad))
+
+
+def dllm_fields(hf: dict[str, Any], *, eos: int, mask: int, context: int,
+                norm_eps: float = 1e-6) -> dict[str, Any]:
+    """The ModelConfig shape and token fields of a dLLM family built on the Llama/Qwen layout
+    (Dream, LLaDA2, LLaDA-MoE); the defaults are the family's published ids where a config.json
+    leaves them out."""
+    heads = hf["num_attention_heads"]
+    eos_id = first_id(hf.get("eos_token_id"), eos)
+    return dict(
+        vocab_size=hf["vocab_size"], dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=rope_theta(hf),
+        norm_eps=float(hf.get("rms_norm_eps", norm_eps)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings")),
+        max_seq_len=int(hf.get("max_position_embeddings", context)),
+        eos_id=eos_id, pad_id=first_id(hf.get("pad_token_id"), eos_id),
+        mask_id=first_id(hf.get("mask_token_id"), mask))
 
 
 def _context(hf: dict[str, Any]) -> int:
@@ -116,14 +151,22 @@ def require_features(cfg: ModelConfig, family: str, *, qkv_bias: bool = False,
                               + ")")
 
 
-def common_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The config.json fields every Llama-shaped family writes alike."""
-    return {
+def common_to_hf(cfg: ModelConfig, *, head_dim: bool = True, ffn: bool = True,
+                 mask: bool = False) -> dict[str, Any]:
+    """The config.json fields every Llama-shaped family writes alike (`head_dim`,
+    `intermediate_size` and `mask_token_id` where the family names them so)."""
+    out = {
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.ffn_dim, "rms_norm_eps": cfg.norm_eps,
+        "num_key_value_heads": cfg.num_kv_heads, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len,
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
         "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id, "torch_dtype": "float32",
     }
+    if head_dim:
+        out["head_dim"] = cfg.head_dim
+    if ffn:
+        out["intermediate_size"] = cfg.ffn_dim
+    if mask:
+        out["mask_token_id"] = cfg.mask_id
+    return out

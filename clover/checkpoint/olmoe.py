@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clover.checkpoint import llama, qwen3, qwen3_moe
+from clover.checkpoint import llama, qwen3_moe
 from clover.checkpoint.keymap import CheckpointError, KeyMap
 from clover.config import ModelConfig
 
@@ -25,7 +25,7 @@ ZEROS = qwen3_moe.ZEROS
 
 def config_from_hf(hf: dict[str, Any], name: str = "olmoe") -> ModelConfig:
     """A causal Clover config with the same math as this OLMoE config.json."""
-    qwen3.check_no_bias(hf, "OLMoE")
+    llama.refuse_true(hf, "attention_bias", "OLMoE")
     if hf.get("clip_qkv") is not None:
         raise CheckpointError("config.json: clip_qkv is not supported for OLMoE (only null)")
     fields = llama.common_fields(hf, "OLMoE")

@@ -16,12 +16,7 @@ from clover.config import ModelConfig
 ARCHITECTURES = ("Qwen2ForCausalLM",)
 MODEL_TYPES = ("qwen2",)
 
-KEYS: KeyMap = {
-    **llama.KEYS,
-    "model.layers.{}.self_attn.q_proj.bias": "layers.{}.attn.q_proj.bias",
-    "model.layers.{}.self_attn.k_proj.bias": "layers.{}.attn.k_proj.bias",
-    "model.layers.{}.self_attn.v_proj.bias": "layers.{}.attn.v_proj.bias",
-}
+KEYS: KeyMap = {**llama.KEYS, **llama.QKV_BIAS}
 
 
 def config_from_hf(hf: dict[str, Any], name: str = "qwen2") -> ModelConfig:

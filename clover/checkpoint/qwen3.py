@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from clover.checkpoint import llama
-from clover.checkpoint.keymap import CheckpointError, KeyMap
+from clover.checkpoint.keymap import KeyMap
 from clover.config import ModelConfig
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -24,14 +24,9 @@ KEYS: KeyMap = {
 }
 
 
-def check_no_bias(hf: dict[str, Any], family: str) -> None:
-    if hf.get("attention_bias"):
-        raise CheckpointError(f"config.json: attention_bias=true is not supported for {family}")
-
-
 def config_from_hf(hf: dict[str, Any], name: str = "qwen3") -> ModelConfig:
     """A causal Clover config with the same math as this Qwen3 config.json."""
-    check_no_bias(hf, "Qwen3")
+    llama.refuse_true(hf, "attention_bias", "Qwen3")
     return ModelConfig(name=name, **llama.common_fields(hf, "Qwen3"), qk_norm=True,
                        qk_norm_scope="head")
 

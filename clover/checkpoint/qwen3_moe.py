@@ -65,7 +65,7 @@ def moe_fields(hf: dict[str, Any], expert_ffn_dim: int) -> dict[str, Any]:
 
 def config_from_hf(hf: dict[str, Any], name: str = "qwen3_moe") -> ModelConfig:
     """A causal Clover config with the same math as this Qwen3-MoE config.json."""
-    qwen3.check_no_bias(hf, "Qwen3-MoE")
+    llama.refuse_true(hf, "attention_bias", "Qwen3-MoE")
     return ModelConfig(name=name, **llama.common_fields(hf, "Qwen3-MoE"), qk_norm=True,
                        qk_norm_scope="head", num_dense_layers=num_dense_layers(hf),
                        **moe_fields(hf, int(hf["moe_intermediate_size"])))

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from clover.checkpoint.dream import DENSE_MLP, QWEN_ATTENTION, QWEN_FRAME, check_no_sliding
+from clover.checkpoint import llama
 from clover.checkpoint.keymap import CheckpointError, KeyMap
 from clover.checkpoint.llada import first_id
-from clover.checkpoint.llama import check_plain_llama, rope_theta
 from clover.config import ModelConfig
 
 ARCHITECTURES = ("SDARForCausalLM",)
@@ -26,21 +25,20 @@ QK_NORM: KeyMap = {
     "model.layers.{}.self_attn.q_norm.weight": "layers.{}.attn.q_norm.weight",
     "model.layers.{}.self_attn.k_norm.weight": "layers.{}.attn.k_norm.weight",
 }
-KEYS: KeyMap = {**QWEN_FRAME, **QWEN_ATTENTION, **QK_NORM, **DENSE_MLP}
+KEYS: KeyMap = {**llama.FRAME, **llama.ATTENTION, **QK_NORM, **llama.DENSE_MLP}
 
 
 def common_fields(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """ModelConfig fields shared by SDAR dense and MoE (Qwen3 attention, block diffusion)."""
-    check_plain_llama(hf, family)
-    check_no_sliding(hf, family)
-    if hf.get("attention_bias"):
-        raise CheckpointError(f"config.json: attention_bias=true is not supported for {family}")
+    llama.check_plain_llama(hf, family)
+    llama.refuse_true(hf, "use_sliding_window", family)
+    llama.refuse_true(hf, "attention_bias", family)
     heads = hf["num_attention_heads"]
     eos = first_id(hf.get("eos_token_id"), 151643)
     return dict(
         vocab_size=hf["vocab_size"], dim=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=rope_theta(hf),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=llama.rope_theta(hf),
         qk_norm=True, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings")), attention="block",
         block_size=int(hf.get("block_size") or DEFAULT_BLOCK),
@@ -59,16 +57,8 @@ def common_hf(cfg: ModelConfig) -> dict[str, Any]:
             or cfg.shift_logits or cfg.attention != "block"):
         raise CheckpointError(f"{cfg.name}: not expressible as an SDAR checkpoint (needs block "
                               "attention, QK-norm, no bias, full RoPE, own-token prediction)")
-    return {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "max_position_embeddings": cfg.max_seq_len, "tie_word_embeddings": cfg.tie_embeddings,
-        "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
-        "block_size": cfg.block_size, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
-        "mask_token_id": cfg.mask_id, "torch_dtype": "float32",
-    }
+    return {**llama.common_to_hf(cfg, ffn=False, mask=True), "attention_bias": False,
+            "use_sliding_window": False, "block_size": cfg.block_size}
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
