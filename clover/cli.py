@@ -58,7 +58,19 @@ def _demo(args: argparse.Namespace) -> int:
         return run_core_demo(args.out, preset="clover-tiny")
     fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__}
     fields["regimes"] = tuple(fields.get("regimes", ()))
-    report = run_demo(DemoConfig(**fields))
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    with Bar("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+             TimeElapsedColumn(), transient=False) as bar:
+        tasks: dict = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"{phase} (messages)", total=total)
+            bar.update(tasks[phase], completed=done)
+
+        report = run_demo(DemoConfig(**fields), progress=progress)
     print(render_table(report))
     print(f"report: {report['report']}" + (f"; map: {report['map']}" if report.get("map") else ""))
     if args.serve and report.get("map"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ from clover.tasks.airspace.scorer import match_zones
 DEFAULT_MODEL = "models/clover-smol"
 DEFAULT_BASELINE = "models/clover-smol-ar"
 REGIMES = ("batch", "one-by-one")
+
+# progress(phase, done, total): phase is e.g. "diffusion, batch"; called at the start of a phase
+# (done 0), after each message in one-by-one (batch runs all messages in one go), and at its end
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass(kw_only=True)
@@ -70,13 +75,22 @@ def _has_truth(cfg: DemoConfig, examples: list) -> bool:
 
 
 def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int,
-            regime: str = "batch") -> AgentRun:
-    """Warm up, then run the messages all at once (`batch`) or one after another (`one-by-one`)."""
+            regime: str = "batch", on_message: Callable[[int], None] | None = None) -> AgentRun:
+    """Warm up, then run the messages all at once (`batch`) or one after another (`one-by-one`);
+    `on_message(k)` is told when k messages are done."""
     run_agent(llm, examples[:2], params.replace(max_tokens=min(params.max_tokens, 64)),
               max_turns=1)  # warm-up: allocations, kernels, caches
     if regime == "batch":
-        return run_agent(llm, examples, params, max_turns=max_turns)
-    return sequential(run_agent(llm, [e], params, max_turns=max_turns) for e in examples)
+        run = run_agent(llm, examples, params, max_turns=max_turns)
+        if on_message:
+            on_message(len(examples))
+        return run
+    runs = []
+    for e in examples:
+        runs.append(run_agent(llm, [e], params, max_turns=max_turns))
+        if on_message:
+            on_message(len(runs))
+    return sequential(runs)
 
 
 def sequential(runs) -> AgentRun:
@@ -110,7 +124,7 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
     return row
 
 
-def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any]:
     for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
         if not Path(path, "config.json").is_file():
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
@@ -122,7 +136,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
         llm = LLM(path, device=cfg.device, dtype=cfg.dtype, max_batch_size=max(len(examples), 1))
         for regime in cfg.regimes:
-            run = run_one(llm, examples, params, cfg.max_turns, regime)
+            phase = f"{name}, {regime}"
+            tell = (lambda k, phase=phase: progress(phase, k, len(examples))) if progress else None
+            if tell:
+                tell(0)
+            run = run_one(llm, examples, params, cfg.max_turns, regime, on_message=tell)
             scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
             runs.setdefault(name, run)
             rows.append({"regime": regime, **summarise(name, path, run, scores)})

@@ -23,6 +23,33 @@ def any_mode_config(request):
     return get_preset("tiny", attention=request.param, block_size=block_size)
 
 
+# ---- the OpenAI-compatible server over a tiny model (test_server*, module-scoped) --------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from clover.server.testing import TINY_MODEL, build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("models") / TINY_MODEL)
+
+
+@pytest.fixture(scope="module")
+def srv(model_dir):
+    """A running server (max batch 4, 16 tokens by default); `srv.url` is its address."""
+    from clover.server.testing import load_tiny_server, serving
+
+    server = load_tiny_server(model_dir, max_batch=4, default_max_tokens=16)
+    with serving(server) as url:
+        server.url = url
+        yield server
+
+
+@pytest.fixture
+def client(srv):
+    import openai
+
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
 @pytest.fixture
 def tiny_block_model():
     return build_model(get_preset("tiny"), seed=0).eval()

@@ -31,8 +31,15 @@ def tiny_pair(tmp_path_factory):
 def test_demo_runs_both_models_in_both_regimes(tmp_path, tiny_pair):
     cfg = DemoConfig(model=tiny_pair[0], baseline=tiny_pair[1], n=2, out=str(tmp_path),
                      device="cpu", max_turns=1, max_tokens=16)
-    report = run_demo(cfg)
+    told = []
+    report = run_demo(cfg, progress=lambda phase, done, total: told.append((phase, done, total)))
     rows = report["rows"]
+    # progress: each phase starts at 0; one-by-one reports every message, batch all at once
+    assert told == [("diffusion, batch", 0, 2), ("diffusion, batch", 2, 2),
+                    ("diffusion, one-by-one", 0, 2), ("diffusion, one-by-one", 1, 2),
+                    ("diffusion, one-by-one", 2, 2), ("autoregressive, batch", 0, 2),
+                    ("autoregressive, batch", 2, 2), ("autoregressive, one-by-one", 0, 2),
+                    ("autoregressive, one-by-one", 1, 2), ("autoregressive, one-by-one", 2, 2)]
     assert [(r["model"], r["regime"]) for r in rows] == [
         ("diffusion", "batch"), ("diffusion", "one-by-one"),
         ("autoregressive", "batch"), ("autoregressive", "one-by-one")]

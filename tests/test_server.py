@@ -18,13 +18,17 @@ import openai
 import pytest
 import torch
 
-from clover.server import CloverServer, ServerConfig
-from clover.server.testing import ScriptedModel, build_tiny_model_dir, serving
+from clover.server.testing import (
+    TINY_MODEL,
+    build_tiny_model_dir,
+    load_tiny_server,
+    serving,
+)
 from clover.tasks.airspace.contract import strict_tools
 from clover.tasks.airspace.tools import format_call
 from clover.tokenizer import render_chat
 
-MODEL = "tiny-chat"
+MODEL = TINY_MODEL
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -33,13 +37,7 @@ HELLO = [{"role": "user", "content": "Hello! How can I help you today?"}]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
-def _load(model_dir, **config) -> CloverServer:
-    """Tests compare answers, so requests without a temperature are greedy here (the OpenAI
-    default of 1.0 has its own test)."""
-    config = {"default_temperature": 0.0} | config
-    server = CloverServer.load(ServerConfig(model=str(model_dir), device="cpu", **config))
-    ScriptedModel.wrap(server.engine.model)
-    return server
+_load = load_tiny_server
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,24 +47,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model_dir(tmp_path_factory.mktemp("models") / MODEL)
-
-
-@pytest.fixture(scope="module")
-def srv(model_dir):
-    server = _load(model_dir, max_batch=4, default_max_tokens=16)
-    with serving(server) as url:
-        server.url = url
-        yield server
-
-
-@pytest.fixture
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture

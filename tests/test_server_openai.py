@@ -11,34 +11,13 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
 
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_server import HELLO, MODEL, WEATHER, _load, scripted, serving
+from test_server import HELLO, MODEL, WEATHER, scripted
 
 from clover.tokenizer import CHAT_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from clover.server.testing import build_tiny_model_dir
-
-    return build_tiny_model_dir(tmp_path_factory.mktemp("models") / MODEL)
-
-
-@pytest.fixture(scope="module")
-def srv(model_dir):
-    server = _load(model_dir, max_batch=4, default_max_tokens=16)
-    with serving(server) as url:
-        server.url = url
-        yield server
-
-
-@pytest.fixture
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 # ---- the prompt the model sees ------------------------------------------------------------------

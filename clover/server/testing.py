@@ -4,8 +4,9 @@
 downloads). `ScriptedModel` is that model with a rigged output layer: positions listed in its
 `script` (absolute position -> token id) get that token with near-certainty, so a test can make a
 random model emit an exact answer (a tool call, say) through the real engine and server.
-`serving` runs a server on a free loopback port for the length of a `with` block. It is for tests
-only; nothing in the server imports it.
+`serving` runs a server on a free loopback port for the length of a `with` block;
+`load_tiny_server` loads one over such a model directory, scripted and greedy by default. It is
+for tests only; nothing in the server imports it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ SAMPLE_TEXTS = [
     "Hello! How can I help you today? The weather in Paris is sunny and 21 degrees.",
     '{"name": "draw_zone", "arguments": {"lat": 48.85, "lon": 2.35, "radius_km": 9.3}}',
 ]
+
+
+TINY_MODEL = "tiny-chat"  # the served name of the tests' tiny model directory
 
 
 def build_tiny_model_dir(path: str | Path, *, seed: int = 0, sharpen: float = 6.0,
@@ -104,3 +108,15 @@ def serving(server):
         uv.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def load_tiny_server(model_dir: str | Path, **config):
+    """A CloverServer over `model_dir` with its model wrapped in `ScriptedModel`. Tests compare
+    answers, so requests without a temperature are greedy (the OpenAI default of 1.0 has its own
+    test); `config` overrides any `ServerConfig` field."""
+    from clover.server import CloverServer, ServerConfig
+
+    config = {"default_temperature": 0.0} | config
+    server = CloverServer.load(ServerConfig(model=str(model_dir), device="cpu", **config))
+    ScriptedModel.wrap(server.engine.model)
+    return server
