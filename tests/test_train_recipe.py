@@ -74,12 +74,14 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
 @pytest.mark.parametrize(("field", "value", "flag"), [("copy_mix", 1.5, "--copy-mix"),
                                                      ("prompt_format", "terse", "--prompt-format"),
                                                      ("stop_after", 2, "--stop-after"),
-                                                     ("ar_mix", -1.0, "--ar-mix")])
+                                                     ("ar_mix", -1.0, "--ar-mix"),
+                                                     ("complementary", True,
+                                                      "--complementary-masks")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
                                            work_dir=str(tmp_path / "w"), device="cpu",
-                                           **{field: value}))
+                                           attention="causal", **{field: value}))
 
 
 @pytest.mark.parametrize(("items", "message"), [

@@ -315,9 +315,6 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
     if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
         raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
                          f"models (--attention block or full; got {args.attention})")
-    if args.complementary and args.attention != "block":
-        raise ValueError(f"--complementary-masks: only for --attention block (got "
-                         f"{args.attention})")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     steps = args.steps or recipe.steps
@@ -333,6 +330,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
+    if args.complementary and args.attention != "block":
+        raise ValueError(f"--complementary-masks: only for --attention block ({args.attention})")
     if recipe.base and args.parallel != "ddp":
         raise ValueError(f"--parallel {args.parallel}: the LoRA recipe {recipe.name} trains with "
                          "--parallel ddp only")

@@ -89,9 +89,6 @@ def run_smol(args, recipe) -> dict[str, Any]:
     from clover.tasks.airspace import generate_examples
     from clover.tasks.airspace.recipes import airspace_evaluator
 
-    if args.complementary and args.attention != "block":
-        raise ValueError(f"--complementary-masks: only for --attention block (got "
-                         f"{args.attention})")
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
