@@ -122,3 +122,38 @@ def test_init_adapter_starts_from_the_saved_lora_and_checks_it(base_cache, token
         smol_model(block, 8, str(saved))
     with pytest.raises(ValueError, match="--init-adapter .*adapter_config.json: missing"):
         smol_model(block, 4, str(tmp_path))
+
+
+def test_trained_mask_row_is_stored_alone_and_merged_at_load(base_cache, tokenizer, tmp_path):
+    """`--train-mask-row`: the <|mask|> embedding row trains beside the LoRA (and nothing else of
+    the embedding), is stored as that one row, and the merged model reloads to the same logits;
+    a causal model has no mask row to train."""
+    from safetensors.torch import load_file
+
+    from clover.tasks.airspace.smol import smol_model
+
+    config = adapted_config(base_cache.config, "block", 4, True, "dl")
+    model, peft_config = smol_model(config, 4, None, train_mask_row=True)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("trainable_tokens" in n for n in trainable)
+    assert all("lora_" in n or "trainable_tokens" in n for n in trainable)
+    _random_lora(model)
+    row = next(p for n, p in model.named_parameters() if "trainable_tokens" in n)
+    with torch.no_grad():
+        row.add_(torch.randn(row.shape, generator=torch.Generator().manual_seed(5)))
+    ids = torch.tensor([[5, 6, config.mask_id, config.mask_id, 7, 8, 9, config.mask_id]])
+    with torch.no_grad():
+        want = model.eval()(ids).logits
+    out = ad.save_adapter(model, config, peft_config, tokenizer, tmp_path / "a",
+                          base={"base": "test"}, dtype=torch.float32)
+    stored = load_file(str(out / ad.ADAPTER_WEIGHTS))
+    rows = [v for k, v in stored.items() if "lora_" not in k]
+    assert [tuple(v.shape) for v in rows] == [(1, config.dim)]
+    loaded, _ = load(out)
+    assert not any("lora" in k or "token" in k for k in loaded.state_dict())
+    torch.testing.assert_close(loaded.embed.weight[config.mask_id], row.detach()[0])
+    torch.testing.assert_close(loaded.embed.weight[:-1], base_cache.embed.weight)
+    torch.testing.assert_close(loaded(ids).logits, want, atol=1e-5, rtol=0)
+    causal = adapted_config(base_cache.config, "causal", 1, False, "ar")
+    with pytest.raises(ValueError, match="--train-mask-row"):
+        smol_model(causal, 4, None, train_mask_row=True)

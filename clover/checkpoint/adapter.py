@@ -33,13 +33,18 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
-def lora_config(rank: int, alpha: float | None = None, dropout: float = 0.0):
+def lora_config(rank: int, alpha: float | None = None, dropout: float = 0.0,
+                mask_row: int | None = None):
+    """peft's LoraConfig on Clover's linears; `mask_row` also trains that one embedding row (the
+    diffusion model's `<|mask|>`) through peft's trainable tokens, stored as that row alone."""
     from peft import LoraConfig
 
     if rank < 1:
         raise ValueError(f"--lora-rank must be >= 1 (got {rank})")
+    tokens = {"embed": [mask_row]} if mask_row is not None else None
     return LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=dropout,
-                      target_modules=list(LORA_TARGETS), bias="none")
+                      target_modules=list(LORA_TARGETS), bias="none",
+                      trainable_token_indices=tokens)
 
 
 def inject_lora(model: nn.Module, config) -> nn.Module:
@@ -69,14 +74,20 @@ def load_lora_state(model: nn.Module, state: dict[str, torch.Tensor], where: str
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    """Fold every LoRA layer into its base linear and put the plain linear back."""
+    """Fold every LoRA layer into its base linear and every trained embedding row into its
+    embedding, and put the plain modules back."""
     from peft.tuners.lora import LoraLayer
+    from peft.utils.other import TrainableTokensWrapper
 
     for name, module in list(model.named_modules()):
+        parent_name, _, child = name.rpartition(".")
         if isinstance(module, LoraLayer):
             module.merge()
-            parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+        elif isinstance(module, TrainableTokensWrapper):
+            plain = module.unload_and_optionally_merge_module(merge=True, safe_merge=False,
+                                                              adapter_names=None)
+            setattr(model.get_submodule(parent_name), child, plain)
     return model
 
 

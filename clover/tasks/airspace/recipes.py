@@ -301,6 +301,7 @@ class RunArgs:
     lora_rank: int = 32  # base recipes: LoRA rank
     block_size: int | None = None  # base recipes: diffusion block size (default: the recipe's)
     init_adapter: str | None = None  # base recipes: start the LoRA from this adapter directory
+    train_mask_row: bool = False  # base recipes, diffusion: the <|mask|> row trains too
     save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
     micro_batch_size: int | None = None  # examples per forward (default: the recipe's)
     prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
@@ -348,11 +349,9 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         micro_batch_size=args.micro_batch_size or recipe.micro_batch_size, lr=args.lr or recipe.lr,
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
-        prefix_grad=args.prefix_grad, complementary=args.complementary,
-        work_dir=str(work),
+        prefix_grad=args.prefix_grad, complementary=args.complementary, work_dir=str(work),
         sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
-        stop_after=args.stop_after, eval_every=0,
-        save_every=25, log_every=5,
+        stop_after=args.stop_after, eval_every=0, save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
     num_train = train_cfg.steps * train_cfg.batch_size

@@ -66,10 +66,14 @@ def smol_tokenizer(config: ModelConfig):
     return tok
 
 
-def smol_model(config: ModelConfig, rank: int, init_adapter: str | None):
-    """Base (+ mask row) with LoRA injected; LoRA matrices from `init_adapter` when given."""
+def smol_model(config: ModelConfig, rank: int, init_adapter: str | None,
+               train_mask_row: bool = False):
+    """Base (+ mask row) with LoRA injected (and the mask row trainable with `train_mask_row`);
+    LoRA matrices (and a trained mask row) from `init_adapter` when given."""
+    if train_mask_row and config.attention == "causal":
+        raise ValueError("--train-mask-row: only diffusion models have a mask row")
     model = adapter.base_model_for(config)
-    peft_config = adapter.lora_config(rank)
+    peft_config = adapter.lora_config(rank, mask_row=config.mask_id if train_mask_row else None)
     adapter.inject_lora(model, peft_config)
     if init_adapter:
         try:
@@ -112,7 +116,8 @@ def run_smol(args, recipe) -> dict[str, Any]:
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
     evaluate = (airspace_evaluator(tokenizer, val_examples[:num_eval], recipe.eval_max_tokens)
                 if num_eval else None)
-    model, peft_config = smol_model(config, args.lora_rank, args.init_adapter)
+    model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
+                                    args.train_mask_row)
     trainer = Trainer(model, train, train_cfg, val_data=smol_sft(tokenizer, val_examples),
                       tokenizer=tokenizer, evaluate=evaluate)
     summary = trainer.fit()
@@ -120,12 +125,18 @@ def run_smol(args, recipe) -> dict[str, Any]:
         info = _info(args, recipe, config, train_cfg, trainer, summary)
         adapter.save_adapter(trainer.model.cpu(), config, peft_config, tokenizer, out,
                              base={"base": BASE_NAME, "gguf_sha256": GGUF_SHA256,
-                                   "mask_token": "appended row = mean of the base embeddings"
-                                   if config.attention != "causal" else None},
+                                   "mask_token": _mask_row_note(config, args.train_mask_row)},
                              extra={"training.json": json.dumps(info, indent=2) + "\n"})
         summary["out"] = str(out)
     close_distributed()
     return summary
+
+
+def _mask_row_note(config: ModelConfig, trained: bool) -> str | None:
+    if config.attention == "causal":
+        return None
+    return ("appended row = mean of the base embeddings" + (
+        ", then trained (stored in the adapter as trainable tokens)" if trained else ""))
 
 
 def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
@@ -136,7 +147,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
         "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
-        "complementary_masks": cfg.complementary,
+        "complementary_masks": cfg.complementary, "train_mask_row": args.train_mask_row,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),

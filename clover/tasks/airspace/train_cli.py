@@ -27,6 +27,7 @@ def _train(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, block_size=args.block_size, init_adapter=args.init_adapter,
         save_every=args.save_every, micro_batch_size=args.micro_batch_size,
         prefix_grad=not args.no_prefix_grad, complementary=args.complementary_masks,
+        train_mask_row=args.train_mask_row,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -101,6 +102,9 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="base recipes: start the LoRA matrices from this adapter directory "
                         "(e.g. the AR twin, for its diffusion adaptation)")
+    p.add_argument("--train-mask-row", action="store_true",
+                   help="base recipes, diffusion: train the <|mask|> embedding row too (it "
+                        "starts as the mean embedding; stored in the adapter as one row)")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps (default: the recipe's)")
     p.add_argument("--micro-batch-size", type=int, default=None,
