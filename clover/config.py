@@ -14,9 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ATTENTION_MODES = ("causal", "block", "full")
+# `canvas`: causal over the fixed sequence, bidirectional over the canvas being drafted after it
+# (DiffusionGemma's encoder/decoder roles in one forward; `arch="diffusion_gemma"` only).
+ATTENTION_MODES = ("causal", "block", "full", "canvas")
 ROUTERS = ("softmax", "sigmoid")
 QK_NORM_SCOPES = ("head", "all")
+ARCHS = ("clover", "diffusion_gemma")
+LAYER_TYPES = ("sliding", "full")
+# How a block's undecided positions look to the model: the mask id, or uniform random tokens
+# redrawn for every position a step does not accept (DiffusionGemma).
+CANVAS_MODES = ("mask", "uniform")
 
 # Special-token ids shared by Clover's own tokenizer and its presets (see clover/tokenizer.py).
 PAD_ID, EOS_ID, MASK_ID = 0, 1, 2
@@ -70,6 +77,19 @@ class ModelConfig:
     pad_id: int = PAD_ID
     eos_id: int = EOS_ID
     mask_id: int = MASK_ID
+    canvas: str = "mask"
+    # The model class: `clover` (clover/model/transformer.py) or `diffusion_gemma`
+    # (clover/model/gemma.py: Gemma-4 MoE stack with sandwich norms, a dense GELU MLP beside the
+    # experts, sliding and global attention layers, self-conditioning, logit soft-capping).
+    # The fields below only matter for `diffusion_gemma`; their defaults change nothing.
+    arch: str = "clover"
+    layer_types: list[str] = dataclasses.field(default_factory=list)  # "sliding" | "full" per layer
+    sliding_window: int = 0  # sliding layers: a query sees the last `sliding_window` positions
+    global_head_dim: int = 0  # full layers: head dim (0: head_dim)
+    num_global_kv_heads: int = 0  # full layers: kv heads (0: num_kv_heads)
+    global_rope_theta: float = 0.0  # full layers: RoPE base (0: rope_theta)
+    global_partial_rotary: float = 1.0  # full layers: rotated fraction of each head
+    logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -93,6 +113,7 @@ class ModelConfig:
         _require(self.routed_scaling > 0, "routed_scaling", "must be > 0")
         self._validate_moe()
         self._validate_token_ids()
+        self._validate_arch()
         if self.attention == "causal" and self.block_size != 1:
             raise ValueError("ModelConfig.block_size: causal models decode one token per block, "
                              "so it must be 1 "
@@ -133,6 +154,22 @@ class ModelConfig:
         _require(self.mask_id not in (self.eos_id, self.pad_id), "mask_id",
                  "must differ from eos_id and pad_id")
 
+    def _validate_arch(self) -> None:
+        _require(self.arch in ARCHS, "arch", f"must be one of {ARCHS}")
+        _require(self.canvas in CANVAS_MODES, "canvas", f"must be one of {CANVAS_MODES}")
+        _require((self.attention == "canvas") == (self.arch == "diffusion_gemma"), "attention",
+                 f"{self.attention!r} with arch {self.arch!r}: `canvas` attention is the "
+                 "diffusion_gemma model's, and that model has only it")
+        _require(not self.layer_types or len(self.layer_types) == self.num_layers,
+                 "layer_types", f"needs one entry per layer ({self.num_layers})")
+        _require(all(t in LAYER_TYPES for t in self.layer_types), "layer_types",
+                 f"entries must be one of {LAYER_TYPES}")
+        _require(self.sliding_window > 0 or "sliding" not in self.layer_types, "sliding_window",
+                 "must be > 0 when a layer is `sliding`")
+        _require(0.0 < self.global_partial_rotary <= 1.0, "global_partial_rotary",
+                 "must be in (0, 1]")
+        _require(self.logit_softcap >= 0, "logit_softcap", "must be >= 0 (0: none)")
+
     # ---- derived shapes -------------------------------------------------------------------------
     @property
     def rotary_dim(self) -> int:
@@ -141,6 +178,16 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding"
+
+    def layer_kv_shape(self, layer: int) -> tuple[int, int]:
+        """(kv heads, head dim) of one layer's keys: full layers of diffusion_gemma differ."""
+        if self.arch == "diffusion_gemma" and not self.layer_is_sliding(layer):
+            return (self.num_global_kv_heads or self.num_kv_heads,
+                    self.global_head_dim or self.head_dim)
+        return self.num_kv_heads, self.head_dim
 
     def layer_is_moe(self, layer: int) -> bool:
         return self.is_moe and layer >= self.num_dense_layers

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from clover.checkpoint import (
+    diffusion_gemma,
     dream,
     llada,
     llada2,
@@ -35,7 +36,8 @@ from clover.checkpoint.keymap import CheckpointError, from_clover_state, to_clov
 from clover.config import ModelConfig
 
 # model_type -> family module (config_from_hf, config_to_hf, KEYS; optional ALT_KEYS: other
-# layouts of the same tensors, read on import only; optional ZEROS: Clover keys no source holds)
+# layouts of the same tensors, read on import only; optional ZEROS: Clover keys no source holds;
+# optional select_tensors(tensors, where): drops or cross-checks source keys before the map)
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "mistral": llama, "qwen2": qwen2,
                                    "qwen3": qwen3, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
 FAMILIES["llada"] = llada
@@ -44,6 +46,7 @@ FAMILIES["llada2_moe"] = llada2
 FAMILIES["sdar"] = sdar
 FAMILIES["sdar_moe"] = sdar_moe
 FAMILIES["lladamoe"] = llada_moe
+FAMILIES["diffusion_gemma"] = diffusion_gemma
 MASK_TOKEN = "<|mask|>"
 CHATML_TOOLS_TEMPLATE = (Path(__file__).parent.parent / "templates"
                          / "chatml_tools.jinja").read_text(encoding="utf-8")
@@ -108,6 +111,8 @@ def to_clover(hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
     family = family_of(hf_config, where)
     config = family.config_from_hf(hf_config, name=name)
     expected = build_model(config, device="meta").state_dict()
+    if hasattr(family, "select_tensors"):  # a family that drops or cross-checks keys first
+        tensors = family.select_tensors(tensors, where)
     if config.tie_embeddings and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # tied copy
     keymap = {**family.KEYS, **getattr(family, "ALT_KEYS", {})}
@@ -206,6 +211,8 @@ def export_hf(src: str | Path, dst: str | Path, family: str | None = None) -> Pa
 
 def family_for(config: ModelConfig) -> str:
     """The family whose features match a Clover config (for `--to hf` without --family)."""
+    if config.arch == "diffusion_gemma":
+        return "diffusion_gemma"
     if config.attention != "causal":
         return _dllm_family_for(config)
     if config.is_moe:

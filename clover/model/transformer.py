@@ -53,9 +53,10 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, batch_size: int, capacity: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        shapes = [(batch_size, config.layer_kv_shape(i)[0], capacity, config.layer_kv_shape(i)[1])
+                  for i in range(config.num_layers)]
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes]
         # token_conv models: each slot's attention input before the convolution (its source)
         conv_shape = (batch_size, 1, capacity, config.dim)
         self.h = [torch.zeros(conv_shape, device=device, dtype=dtype)
@@ -440,11 +441,18 @@ def init_weights(model: CloverModel, std: float = 0.02) -> None:
 
 def build_model(config: ModelConfig, *, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32, seed: int | None = 0) -> CloverModel:
-    """A freshly initialised model (seeded), or an empty shell when device is 'meta'."""
+    """A freshly initialised model (seeded), or an empty shell when device is 'meta'.
+    `config.arch` picks the class: Clover's own, or DiffusionGemma's (clover/model/gemma.py)."""
+    init = init_weights
     with torch.device(device):
-        model = CloverModel(config)
+        if config.arch == "diffusion_gemma":
+            from clover.model import gemma
+
+            model, init = gemma.DiffusionGemmaModel(config), gemma.init_weights
+        else:
+            model = CloverModel(config)
     if str(device) != "meta":
         if seed is not None:
             torch.manual_seed(seed)
-        init_weights(model)
+        init(model)
     return model.to(dtype=dtype)
