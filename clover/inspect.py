@@ -46,16 +46,26 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     inactive = 0
     for block in model.layers:
-        if block.is_moe:
-            routed = sum(p.numel() for p in block.ffn.experts.parameters())
+        experts = _routed_experts(block)
+        if experts is not None:
+            routed = sum(p.numel() for p in experts.parameters())
             unused = config.num_experts - config.num_experts_per_tok
             inactive += routed * unused // config.num_experts
     return total, total - inactive
 
 
+def _routed_experts(block):
+    """A layer's routed experts: a Clover MoE block's `ffn.experts`, or the `experts` a
+    DiffusionGemma layer runs beside its dense MLP; None for a dense layer."""
+    if getattr(block, "is_moe", False):
+        return block.ffn.experts
+    return getattr(block, "experts", None)
+
+
 def describe(config: ModelConfig) -> dict[str, Any]:
     total, active = count_params(config)
-    kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim
+    kv_per_token = sum(2 * heads * dim for heads, dim in map(config.layer_kv_shape,
+                                                             range(config.num_layers)))
     if config.token_conv:  # the cache also keeps each layer's convolution input
         kv_per_token += config.num_layers * config.dim
     info: dict[str, Any] = {

@@ -37,14 +37,14 @@ def hf_config(**text_overrides) -> DiffusionGemmaConfig:
     return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=CANVAS)
 
 
-def randomise(model: DiffusionGemmaForBlockDiffusion, seed: int = 0) -> None:
+def randomise(model: DiffusionGemmaForBlockDiffusion, seed: int = 0, std: float = 0.1) -> None:
     """Every text weight random (norms and scales around 1), encoder layer scalars = decoder's."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             one_d = p.ndim == 1 or name.endswith("per_expert_scale")
-            p.copy_(1 + 0.2 * noise if one_d else 0.1 * noise)
+            p.copy_(1 + 2 * std * noise if one_d else std * noise)
         decoder = model.model.decoder.layers
         encoder = model.model.encoder.language_model.layers
         for dec, enc in zip(decoder, encoder, strict=True):
@@ -62,6 +62,19 @@ def pair(tmp_path_factory):
     ref.save_pretrained(root / "hf")
     ours = load_model(convert(root / "hf", root / "clover"))
     return ref, ours
+
+
+@pytest.fixture(scope="module")
+def gen_pair(tmp_path_factory):
+    """The pair for decoding: smaller random weights (std 0.03), so the self-conditioning loop
+    damps float-level differences between the two implementations; with std 0.1 it amplifies
+    them about 5x per step, and after ~6 steps the two sample different tokens."""
+    root = tmp_path_factory.mktemp("dg_gen")
+    torch.manual_seed(0)
+    ref = DiffusionGemmaForBlockDiffusion(hf_config()).eval()
+    randomise(ref, std=0.03)
+    ref.save_pretrained(root / "hf")
+    return ref, load_model(convert(root / "hf", root / "clover"))
 
 
 def ref_logits(ref, hidden):
@@ -209,3 +222,122 @@ def test_import_refuses_what_it_cannot_compute(tmp_path):
     from clover.checkpoint.diffusion_gemma import config_from_hf
     with pytest.raises(CheckpointError, match="hidden_activation"):
         config_from_hf({"text_config": {"hidden_activation": "gelu", "num_experts": 4}})
+
+
+# ---- decoding: Clover's engine against transformers' own `generate` ---------------------------
+
+def hf_generate(ref, prompts: torch.Tensor, seed: int, *, steps: int, bound: float,
+                t_max: float, t_min: float, stable: int, stop_entropy: float, eos: int | None,
+                max_new: int) -> list[list[int]]:
+    """transformers' DiffusionGemma `generate` (global RNG seeded), each row cut at EOS."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        EntropyBoundSamplerConfig,
+    )
+
+    torch.manual_seed(seed)
+    out = ref.generate(prompts, max_new_tokens=max_new, max_denoising_steps=steps,
+                       sampler_config=EntropyBoundSamplerConfig(entropy_bound=bound),
+                       t_min=t_min, t_max=t_max, stability_threshold=stable,
+                       confidence_threshold=stop_entropy, eos_token_id=eos, pad_token_id=0)
+    rows = out.sequences[:, prompts.shape[1]:].tolist()
+    return [row[:row.index(1)] if 1 in row else row for row in rows]
+
+
+def clover_generate(model, prompts: torch.Tensor, seed: int | None, *, steps: int, bound: float,
+                    t_max: float, t_min: float, stable: int, stop_entropy: float,
+                    ignore_eos: bool, max_new: int):
+    from clover.engine import LLM, SamplingParams
+
+    llm = LLM(model, device="cpu", dtype="float32", prefix_cache_mb=0)
+    params = SamplingParams(max_tokens=max_new, temperature=t_max, min_temperature=t_min,
+                            steps_per_block=steps, gamma=bound, stable_steps=stable,
+                            stop_entropy=stop_entropy, policy="entropy_bound", seed=seed,
+                            ignore_eos=ignore_eos)
+    if seed is None:
+        torch.manual_seed(1234)
+    return llm.generate(prompts.tolist(), params)
+
+
+def test_generate_matches_transformers_with_adaptive_stop(gen_pair):
+    """Batch 1, seeded: the same tokens as transformers' `generate` over two canvases, with
+    the entropy bound, the temperature schedule (1.0 -> 0.01), self-conditioning, renoising and
+    the confidence stop in play: the mean entropy falls under 5.4 at the 7th of 8 steps, so
+    each canvas stops one step early."""
+    ref, ours = gen_pair
+    settings = dict(steps=8, bound=2.0, t_max=1.0, t_min=0.01, stable=0, stop_entropy=5.4)
+    prompt = torch.randint(2, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    for seed in (0, 1):
+        want = hf_generate(ref, prompt, seed, eos=1, max_new=2 * CANVAS, **settings)
+        out = clover_generate(ours, prompt, seed, ignore_eos=False, max_new=2 * CANVAS,
+                              **settings)[0]
+        assert out.token_ids == want[0]
+        assert 2 <= out.stats.forwards < 2 * settings["steps"]
+
+
+def test_generate_matches_transformers_at_fixed_steps(gen_pair):
+    """Batch 1, seeded, a stability window of 2 that never holds: every canvas runs the whole
+    step schedule, with a tight entropy bound (most positions renoised every step)."""
+    ref, ours = gen_pair
+    settings = dict(steps=6, bound=0.5, t_max=0.9, t_min=0.3, stable=2, stop_entropy=10.0)
+    prompt = torch.randint(2, VOCAB, (1, 5), generator=torch.Generator().manual_seed(6))
+    for seed in (7, 8):
+        want = hf_generate(ref, prompt, seed, eos=1, max_new=2 * CANVAS, **settings)
+        out = clover_generate(ours, prompt, seed, ignore_eos=False, max_new=2 * CANVAS,
+                              **settings)[0]
+        assert out.token_ids == want[0]
+
+
+def test_batched_generate_matches_transformers_batch(gen_pair):
+    """Batch 4 on torch's default generator: Clover draws the batch's canvases, samples and
+    renoising in transformers' order, so the rows match its batched `generate` row for row
+    (rows in lockstep: no early stop, no EOS stop)."""
+    ref, ours = gen_pair
+    settings = dict(steps=3, bound=1.0, t_max=0.8, t_min=0.4, stable=1, stop_entropy=1e-9)
+    prompts = torch.randint(2, VOCAB, (4, 6), generator=torch.Generator().manual_seed(8))
+    want = hf_generate(ref, prompts, 1234, eos=None, max_new=2 * CANVAS, **settings)
+    outs = clover_generate(ours, prompts, None, ignore_eos=True, max_new=2 * CANVAS, **settings)
+    assert [o.token_ids for o in outs] == want
+
+
+def test_entropy_bound_policy_matches_plain_rule():
+    """The policy accepts exactly the positions a sort-and-sum loop accepts: lowest entropies
+    first, while their sum minus the largest of them is <= gamma; never a padded slot."""
+    from clover.engine.policies import EntropyBoundPolicy, Proposal
+
+    gen = torch.Generator().manual_seed(0)
+    ent = torch.rand(3, 7, generator=gen) * 2
+    masked = torch.ones(3, 7, dtype=torch.bool)
+    masked[2, 5:] = False
+    gamma = torch.tensor([0.5, 2.0, 1.0])
+    ones = torch.ones(3, 7)
+    p = Proposal(ones.long(), ones, ent, masked, gamma, gamma, torch.ones(3, dtype=torch.long))
+    got = EntropyBoundPolicy().select(p)
+    for b in range(3):
+        order = sorted((float(ent[b, j]), j) for j in range(7) if masked[b, j])
+        want, total = set(), 0.0
+        for e, j in order:
+            total += e
+            if total - e <= float(gamma[b]):
+                want.add(j)
+        assert {j for j in range(7) if got[b, j]} == want
+    assert got[0].sum() < got[1].sum()
+
+
+def test_uniform_canvas_rows_never_show_drafts(pair):
+    """A drafting row settles nothing (its canvas is noise until the block ends), a masking
+    policy is replaced by entropy_bound, and entropy_bound is refused on a masking model."""
+    from clover.engine import LLM, SamplingParams
+    from clover.engine.llm import Engine
+
+    ours = pair[1]
+    engine = Engine(ours)
+    r = engine.add_request([5, 6, 7], SamplingParams(max_tokens=CANVAS, temperature=0.5,
+                                                     steps_per_block=3, seed=0))
+    assert r.params.policy == "entropy_bound"
+    engine.step()
+    assert len(r.block) == CANVAS and r.settled_ids() == []
+    while engine.has_unfinished():
+        engine.step()
+    assert len(r.output_ids(set())) == CANVAS
+    with pytest.raises(ValueError, match="uniform-canvas"):
+        LLM("tiny", device="cpu").generate([[5, 6]], SamplingParams(policy="entropy_bound"))

@@ -23,6 +23,8 @@ PUBLISHED = {
     "llada2.0-flash.json": (100e9, 6.1e9, "block", 32, 156895),
     "sdar-4b-chat.json": (4.0e9, 4.0e9, "block", 4, 151669),
     "sdar-30b-a3b-chat.json": (30.5e9, 3.3e9, "block", 4, 151669),
+    # Gemma 4 26B-A4B's text stack: 25.2 B total, 3.8 B active (its model card); canvas 256
+    "diffusiongemma-26b-a4b-it.json": (25.2e9, 3.8e9, "canvas", 256, 4),
 }
 
 
@@ -60,3 +62,10 @@ def test_export_family_is_recovered_from_the_clover_config(name):
 
     hf = json.loads((CONFIGS / name).read_text())
     assert family_for(resolve_config(str(CONFIGS / name))) == hf["model_type"]
+
+
+def test_diffusion_gemma_kv_cache_counts_each_layer_shape():
+    """25 sliding layers keep 8 kv heads x 256, the 5 full ones 2 x 512 (keys and values, bf16)."""
+    info = describe(resolve_config(str(CONFIGS / "diffusiongemma-26b-a4b-it.json")))
+    assert info["kv_cache_bytes_per_token_bf16"] == 2 * 2 * (25 * 8 * 256 + 5 * 2 * 512)
+    assert (info["experts"], info["experts_per_token"], info["moe_layers"]) == (128, 8, 30)

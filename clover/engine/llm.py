@@ -16,12 +16,12 @@ import torch
 from clover.config import PRESETS, get_preset
 from clover.engine.logprobs import output_logprobs, record_logprobs, wants_logprobs
 from clover.engine.params import SamplingParams
-from clover.engine.policies import POLICIES, Proposal
+from clover.engine.policies import POLICIES, UNIFORM_POLICIES, Proposal
 from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import CompletionOutput, Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
-from clover.engine.sampler import RowSampling, propose
-from clover.engine.scheduler import ScheduledBatch, Scheduler
+from clover.engine.sampler import RowSampling, propose, propose_uniform, schedule_temperature
+from clover.engine.scheduler import CanvasStep, ScheduledBatch, Scheduler
 from clover.engine.stats import EngineStats, StepClock
 from clover.model import CloverModel, build_model
 
@@ -68,8 +68,9 @@ class Engine:
         self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256))
         # keys and values of prompt heads that earlier requests computed (0 MB: off)
         self.prefix_cache = PrefixCache(self.config, prefix_cache_mb)
+        self.uniform = self.config.canvas == "uniform"  # DiffusionGemma-style canvases
         self.scheduler = Scheduler(self.config, max_batch_size, self._stop_check, self._verify,
-                                   self._load_prefix)
+                                   self._load_prefix, self._draw_canvas)
         self.stats = EngineStats()
         self.policies = {name: cls() for name, cls in POLICIES.items()}
         self.clock = StepClock(torch.cuda.synchronize if self.runner.device.type == "cuda"
@@ -88,8 +89,11 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds the context length "
                              f"{self.max_model_len}")
-        self.runner.ensure_capacity(need)
-        r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
+        params = self._canvas_params(params)
+        canvas = self.config.block_size if self.config.attention == "canvas" else 0
+        self.runner.ensure_capacity(need + canvas)  # a last canvas is whole, even past max_tokens
+        r = Request(request_id, list(prompt_ids), params, self.config.mask_id,
+                    uniform=self.uniform)
         if params.seed is not None and params.temperature > 0:
             r.generator = torch.Generator().manual_seed(params.seed)
         if constraint is not None:
@@ -98,6 +102,24 @@ class Engine:
             r.constraint = self._constraint(params.structured, len(prompt_ids))
         self.scheduler.add(r)
         return r
+
+    def _canvas_params(self, params: SamplingParams) -> SamplingParams:
+        """A uniform-canvas model decodes with `entropy_bound` (any other policy is replaced);
+        a mask-canvas model cannot; grammars and log-probabilities need committed tokens."""
+        if not self.uniform:
+            if params.policy in UNIFORM_POLICIES:
+                raise ValueError(f"policy {params.policy!r} needs a uniform-canvas model "
+                                 "(DiffusionGemma); this one masks")
+            return params
+        if params.structured is not None or params.logprobs is not None:
+            raise ValueError("structured output and logprobs are not supported on a "
+                             "uniform-canvas model (DiffusionGemma)")
+        return params if params.policy in UNIFORM_POLICIES else params.replace(
+            policy=UNIFORM_POLICIES[0])
+
+    def _draw_canvas(self, r: Request, n: int) -> list[int]:
+        """n tokens drawn uniformly from the vocabulary (the request's generator if seeded)."""
+        return torch.randint(0, self.config.vocab_size, (n,), generator=r.generator).tolist()
 
     def _constraint(self, structured: dict, prompt_len: int):
         if self.tokenizer is None:
@@ -169,8 +191,9 @@ class Engine:
                             batch)
         tokens = _by_row(proposal.tokens_BM.tolist(), batch)
         commits = _by_row(commit_BM.tolist(), batch)
+        canvas = self._canvas_steps(proposal, batch, tokens, commits) if self.uniform else None
         self.clock.lap("policy_s")
-        done = self.scheduler.update(batch, tokens, commits, run.unique_experts)
+        done = self.scheduler.update(batch, tokens, commits, run.unique_experts, canvas)
         self.runner.release([r.row for r in done])
         self._record(batch, run, done)
         return done
@@ -200,9 +223,44 @@ class Engine:
     def _propose(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:
         """The sampler's proposals laid out [B, M] by row, with each row's policy knobs."""
         params = [p.request.params for p in batch.rows]
+        if self.uniform:
+            return self._propose_uniform(run, batch)
         rows = [RowSampling(q.temperature, q.top_p, q.top_k, p.request.generator)
                 for q, p in zip(params, batch.rows, strict=True)]
         tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id)
+        return self._proposal(run, batch, tokens_N, conf_N, ent_N)
+
+    def _propose_uniform(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:
+        """Uniform canvases: a draw for every position at the step's scheduled temperature; the
+        argmax rides along as the confidence slot's companion (`argmax_BM`), and the processed
+        logits become each row's self-conditioning input for its next step."""
+        temps = [schedule_temperature(p.request.params.temperature,
+                                      p.request.params.min_temperature,
+                                      p.request.params.steps_per_block, p.request.steps_in_block)
+                 for p in batch.rows]
+        sampled_N, argmax_N, ent_N, processed_NV = propose_uniform(
+            run.logits_NV, run.row_of, temps, [p.request.generator for p in batch.rows])
+        self.runner.set_soft(batch, processed_NV)
+        proposal = self._proposal(run, batch, sampled_N, torch.ones_like(ent_N), ent_N)
+        proposal.argmax_BM = run.by_row(argmax_N, 0)
+        return proposal
+
+    def _canvas_steps(self, proposal: Proposal, batch: ScheduledBatch, tokens: list[list[int]],
+                      accepts: list[list[bool]]) -> list[CanvasStep]:
+        """Each row's next draft: accepted draws kept, every other position redrawn uniformly
+        (in row order, after the step's sampling, as transformers draws them)."""
+        argmax = _by_row(proposal.argmax_BM.tolist(), batch)
+        ent_B = (proposal.entropy_BM * proposal.masked_BM).sum(-1) / proposal.masked_BM.sum(-1)
+        steps = []
+        for i, p in enumerate(batch.rows):
+            noise = self._draw_canvas(p.request, len(tokens[i]))
+            draft = [t if a else n for t, a, n in zip(tokens[i], accepts[i], noise, strict=True)]
+            steps.append(CanvasStep(draft, argmax[i], float(ent_B[i])))
+        return steps
+
+    def _proposal(self, run: RunOutput, batch: ScheduledBatch, tokens_N, conf_N,
+                  ent_N) -> Proposal:
+        params = [p.request.params for p in batch.rows]
         steps_left = [max(q.steps_per_block - p.request.steps_in_block, 1)
                       for q, p in zip(params, batch.rows, strict=True)]
         per_row = self.runner.per_row
@@ -296,7 +354,7 @@ class LLM:
         device = resolve_device(self.device)
         int8 = self.dtype == "int8"  # torchao weight-only int8, computing in bf16 or fp32
         dtype = _int8_activation_dtype(device) if int8 else resolve_dtype(self.dtype, device)
-        if isinstance(self.model, CloverModel):
+        if isinstance(self.model, torch.nn.Module):  # CloverModel, or a DiffusionGemmaModel
             module = self.model.to(device=device, dtype=dtype)
         elif str(self.model) in PRESETS:
             module = build_model(get_preset(str(self.model)), device=device, dtype=dtype)

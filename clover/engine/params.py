@@ -26,7 +26,15 @@ class SamplingParams:
     policy: str = "threshold"
     tau: float = 0.9  # threshold policy: commit every position with confidence >= tau
     steps_per_block: int = 8  # topk policy: denoising steps per block
-    gamma: float = 0.5  # entropy policy: summed-entropy budget per step (nats)
+    gamma: float = 0.5  # entropy / entropy_bound policies: summed-entropy budget per step (nats)
+    # Uniform-canvas models (DiffusionGemma; policy entropy_bound): `steps_per_block` is the most
+    # denoising steps a block takes; step k of N (k counting down N..1) samples at temperature
+    # min_temperature + (temperature - min_temperature) * k / N (None: constant temperature);
+    # a block ends early once its argmax canvas has not changed for `stable_steps` steps and its
+    # mean entropy is below `stop_entropy`.
+    min_temperature: float | None = None
+    stable_steps: int = 1
+    stop_entropy: float = 0.005
     block_size: int | None = None  # override for `full` models (block/causal use their own)
     cache: str = "dual"  # `full` models: none | prefix | dual
     refresh_every: int = 0  # `full` models: recompute the whole canvas every N steps (0: per block)
@@ -55,6 +63,10 @@ class SamplingParams:
             (0 < self.tau <= 1, "tau", "must be in (0, 1]"),
             (self.steps_per_block >= 1, "steps_per_block", "must be >= 1"),
             (self.gamma >= 0, "gamma", "must be >= 0"),
+            (self.min_temperature is None or 0 <= self.min_temperature < self.temperature,
+             "min_temperature", "must be in [0, temperature)"),
+            (self.stable_steps >= 0, "stable_steps", "must be >= 0"),
+            (self.stop_entropy > 0, "stop_entropy", "must be > 0"),
             (self.block_size is None or self.block_size >= 1, "block_size", "must be >= 1"),
             (self.cache in CACHE_MODES, "cache", f"must be one of {CACHE_MODES}"),
             (self.refresh_every >= 0, "refresh_every", "must be >= 0"),

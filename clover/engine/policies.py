@@ -26,6 +26,7 @@ class Proposal:
     tau_B: Tensor
     gamma_B: Tensor
     steps_left_B: Tensor  # denoising steps left in the block (topk schedule), >= 1
+    argmax_BM: Tensor | None = None  # uniform canvases: the most likely token per position
 
     def take(self, rows: list[int]) -> Proposal:
         """The proposal of some rows only (for the policy those rows asked for)."""
@@ -83,6 +84,21 @@ class EntropyPolicy:
         return _at_least_one(choice_BM, p)
 
 
+class EntropyBoundPolicy:
+    """DiffusionGemma's entropy-bound sampler (uniform canvases): accept the lowest-entropy
+    positions while their summed entropy minus the largest of them stays <= gamma.
+
+    Nothing it accepts is final: the scheduler keeps the accepted tokens as the next step's draft,
+    redraws every other position uniformly, and appends the argmax canvas when the block stops.
+    The lowest-entropy position is always accepted (its own term is zero)."""
+
+    def select(self, p: Proposal) -> Tensor:
+        ent_BM = p.entropy_BM.masked_fill(~p.masked_BM, float("inf"))
+        sorted_BM, order_BM = ent_BM.sort(-1)
+        keep_sorted = sorted_BM.cumsum(-1) - sorted_BM <= p.gamma_B[:, None]
+        return torch.zeros_like(p.masked_BM).scatter_(1, order_BM, keep_sorted) & p.masked_BM
+
+
 def _top_by(score_BM: Tensor, k_B: Tensor, p: Proposal) -> Tensor:
     rank_BM = score_BM.argsort(-1, descending=True).argsort(-1)
     return _at_least_one(rank_BM < k_B[:, None], p)
@@ -92,4 +108,7 @@ POLICIES: dict[str, type] = {
     "threshold": ThresholdPolicy,
     "topk": TopKPolicy,
     "entropy": EntropyPolicy,
+    "entropy_bound": EntropyBoundPolicy,
 }
+# policies for uniform canvases (no mask ids; nothing committed before the block ends)
+UNIFORM_POLICIES = ("entropy_bound",)

@@ -65,6 +65,10 @@ class Request:
     generator: Any = None  # torch.Generator for seeded sampling (opaque here)
     constraint: Any = None  # a `Constraint` (grammar) or None; see clover/engine/constraint.py
     token_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob (if asked)
+    # uniform canvases: `block` is a draft of real tokens (nothing settled until the block ends),
+    # and `drafts` the argmax canvases of the latest steps (the stop criterion's history)
+    uniform: bool = False
+    drafts: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.seq:
@@ -87,7 +91,7 @@ class Request:
         """Generated ids that can no longer change, in order: finished blocks plus the active
         block's committed run from its start (what a stream may send so far; may include EOS)."""
         run = []
-        for t in self.block:
+        for t in [] if self.uniform else self.block:
             if t == self.mask_id:
                 break
             run.append(t)

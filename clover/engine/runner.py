@@ -44,6 +44,8 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.max_batch_size = max_batch_size
         self.cache = KVCache(self.config, max_batch_size, capacity, self.device, self.dtype)
+        # canvas models: each cache row's self-conditioning input for its next step, [C, D]
+        self.soft: dict[int, Tensor] = {}
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow every row's slot count to at least `capacity`, keeping what is cached."""
@@ -69,8 +71,10 @@ class ModelRunner:
         ids_BL, pos_BL, valid_BL, need_BL = self._inputs(batch)
         slot_B = torch.tensor([p.start for p in batch.rows], device=self.device)
         rows = [p.request.row for p in batch.rows]
+        extra = self._canvas_inputs(batch, ids_BL.shape[1]) \
+            if self.config.attention == "canvas" else {}
         out = self.model(ids_BL, pos_BL, cache=self.cache, slot_B=slot_B, cache_rows=rows,
-                         valid_BL=valid_BL, logits_mask_BL=need_BL)
+                         valid_BL=valid_BL, logits_mask_BL=need_BL, **extra)
         self._commit(batch, rows)
         row_of = [b for b, p in enumerate(batch.rows) for _ in p.logits_at]
         col = [j for p in batch.rows for j in range(len(p.logits_at))]
@@ -80,6 +84,28 @@ class ModelRunner:
         return RunOutput(out.logits, torch.tensor(row_of, device=self.device),
                          torch.tensor(col, device=self.device), row_of, experts,
                          self.per_row(masked, torch.bool))
+
+    def _canvas_inputs(self, batch: ScheduledBatch, L: int) -> dict[str, Tensor]:
+        """Where each row's canvas starts (its last len(masked) tokens) and the canvas tokens'
+        self-conditioning input (zero at a block's first step)."""
+        start = [p.start + len(p.tokens) - len(p.masked) for p in batch.rows]
+        soft_BLD = torch.zeros(len(batch.rows), L, self.config.dim, device=self.device,
+                               dtype=self.dtype)
+        for b, p in enumerate(batch.rows):
+            soft = self.soft.get(p.request.row)
+            if soft is not None and p.request.steps_in_block > 0:
+                soft_BLD[b, len(p.tokens) - len(p.masked):len(p.tokens)] = soft
+        return {"canvas_start_B": self.per_row(start, torch.long), "soft_BLD": soft_BLD}
+
+    def set_soft(self, batch: ScheduledBatch, processed_NV: Tensor) -> None:
+        """Keep each row's self-conditioning input for its next step, from this step's
+        temperature-processed logits (rows in batch order, one per canvas position)."""
+        soft_ND = self.model.soft_embedding(processed_NV.to(self.dtype))
+        start = 0
+        for p in batch.rows:
+            n = len(p.masked)
+            self.soft[p.request.row] = soft_ND[start:start + n]
+            start += n
 
     def per_row(self, values: list, dtype: torch.dtype) -> Tensor:
         """Plain values (one per row, or one list per row) as a tensor on the model's device."""

@@ -68,3 +68,45 @@ def _filter(logits_NV: Tensor, row_of: list[int], rows: list[RowSampling]) -> Te
         sorted_NV = sorted_NV.masked_fill(drop_NV, float("-inf"))
         logits_NV = torch.full_like(logits_NV, float("-inf")).scatter(-1, order_NV, sorted_NV)
     return logits_NV
+
+
+def schedule_temperature(top: float, bottom: float | None, steps: int, done: int) -> Tensor:
+    """The temperature of a uniform-canvas step: step k of N (k = N - done, counting down)
+    samples at bottom + (top - bottom) * k / N, computed in fp32 as transformers' DiffusionGemma
+    does (so both divide the logits by the same number)."""
+    if bottom is None:
+        return torch.tensor(top, dtype=torch.float32)
+    k = torch.tensor(steps - done, dtype=torch.int32)
+    return bottom + (top - bottom) * (k / steps)
+
+
+def propose_uniform(logits_NV: Tensor, row_of: list[int], temps: list[Tensor],
+                    generators: list[torch.Generator | None]) -> tuple[Tensor, Tensor, Tensor,
+                                                                       Tensor]:
+    """(sampled_N, argmax_N, entropy_N, processed_NV) for a uniform canvas: every token of the
+    vocabulary can be drawn (there is no mask id), from softmax(logits / t). Rows without a
+    generator draw together in one call on torch's default generator (as transformers' batched
+    `generate` does); seeded rows draw alone, so their draws do not depend on the batch.
+    Temperature 0 is greedy (sampled = argmax, entropies of the raw logits)."""
+    temp_N = torch.stack([temps[i] for i in row_of]).to(logits_NV.device)
+    greedy_N = temp_N == 0
+    processed_NV = logits_NV.float() / torch.where(greedy_N, 1.0, temp_N)[:, None]
+    logp_NV = torch.log_softmax(processed_NV, -1)
+    argmax_N = processed_NV.argmax(-1)
+    sampled_N = argmax_N.clone()
+    shared = [n for n, i in enumerate(row_of) if generators[i] is None and not greedy_N[n]]
+    _draw(processed_NV, shared, None, sampled_N)
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            own = [n for n, r in enumerate(row_of) if r == i and not greedy_N[n]]
+            _draw(processed_NV, own, gen, sampled_N)
+    return sampled_N, argmax_N, _entropy(logp_NV), processed_NV
+
+
+def _draw(processed_NV: Tensor, rows: list[int], gen: torch.Generator | None,
+          out_N: Tensor) -> None:
+    if not rows:
+        return
+    index = torch.tensor(rows, device=processed_NV.device)
+    probs = torch.softmax(processed_NV[index], -1, dtype=torch.float32)
+    out_N[index] = torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(out_N.device)

@@ -13,6 +13,10 @@ Layout per mode (a = tokens fixed so far, shift = 1 when position i is predicted
           completed block's keys are computed once more with its final tokens and become cache.
 - full:   a fixed canvas; refresh steps feed all of it, others only the block (dual cache) or
           block + suffix (prefix cache).
+- canvas: feed seq[cache_len:a] + the canvas (DiffusionGemma: causal prefix, bidirectional
+          canvas); the fixed sequence becomes cache. A `uniform` canvas holds real tokens, not
+          mask ids: every position is re-predicted each step, accepted ones stay in the draft,
+          the rest are redrawn (`CanvasStep`), and the block's argmax is appended when it stops.
 """
 
 from __future__ import annotations
@@ -41,9 +45,20 @@ class ScheduledBatch:
     rows: list[RowPlan]
 
 
+@dataclass
+class CanvasStep:
+    """A uniform-canvas row's step: the next draft (accepted tokens, the rest redrawn), the
+    argmax canvas, and the mean entropy of the step's distributions."""
+
+    draft: list[int]
+    argmax: list[int]
+    mean_entropy: float
+
+
 StopCheck = Callable[[Request], str | None]  # returns the text cut at a stop string, or None
 Verify = Callable[[Request], None]  # checks a constrained request's commits (see constraint.py)
 Admit = Callable[[Request], None]  # a request got its row (the engine loads a cached prefix)
+DrawCanvas = Callable[[Request, int], list[int]]  # n uniform random tokens for a new canvas
 
 
 def after_commit(r: Request) -> None:
@@ -54,8 +69,9 @@ def after_commit(r: Request) -> None:
 class Scheduler:
     def __init__(self, config: ModelConfig, max_batch_size: int,
                  stop_check: StopCheck | None = None, verify: Verify = after_commit,
-                 on_admit: Admit | None = None) -> None:
+                 on_admit: Admit | None = None, draw_canvas: DrawCanvas | None = None) -> None:
         self.config = config
+        self.draw_canvas = draw_canvas  # needed by `uniform` canvases
         self.on_admit = on_admit  # may set request.cache_len (a prefix already in its row)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -97,6 +113,8 @@ class Scheduler:
             self.running.append(r)
 
     def _block_size(self, r: Request) -> int:
+        if self.config.attention == "canvas":
+            return self.config.block_size
         if self.config.attention == "full":
             return r.params.block_size or self.config.block_size
         return self.config.decode_block_size
@@ -104,12 +122,17 @@ class Scheduler:
     def _start_block(self, r: Request) -> None:
         a, bs = len(r.seq), self._block_size(r)
         remaining = r.params.max_tokens - r.num_generated
-        if self.config.attention == "full":  # blocks are relative to the generation start
+        if self.config.attention == "canvas":  # always a whole canvas (cut at max_tokens later)
+            end = a + bs
+        elif self.config.attention == "full":  # blocks are relative to the generation start
             end = min(a + bs, r.canvas_end)
         else:  # blocks are aligned to absolute positions, as the attention mask is
             end = min((a // bs + 1) * bs, a + remaining)
         r.block = [r.mask_id] * (end - a)
+        if self.config.canvas == "uniform":
+            r.block = self.draw_canvas(r, end - a)
         r.steps_in_block = 0
+        r.drafts = []
 
     # ---- planning -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -128,6 +151,10 @@ class Scheduler:
         if mode == "causal":
             s = r.cache_len
             return RowPlan(r, r.seq[s:a], s, [a - 1 - s], masked, a)
+        if mode == "canvas":
+            s = r.cache_len
+            masked = list(range(len(r.block))) if self.config.canvas == "uniform" else masked
+            return RowPlan(r, r.seq[s:] + r.block, s, self._logits_at(a, s, masked), masked, a)
         if mode == "block":
             s = min(r.cache_len, a - self.shift)
             commit = (a // self.config.block_size) * self.config.block_size
@@ -152,12 +179,20 @@ class Scheduler:
 
     # ---- commit ---------------------------------------------------------------------------------
     def update(self, batch: ScheduledBatch, tokens: list[list[int]],
-               commits: list[list[bool]], experts: float = 0.0) -> list[Request]:
-        """Apply each row's commits; return the requests that finished this step."""
+               commits: list[list[bool]], experts: float = 0.0,
+               canvas: list[CanvasStep] | None = None) -> list[Request]:
+        """Apply each row's commits (uniform canvases: each row's `CanvasStep`); return the
+        requests that finished this step."""
         done = []
-        for plan, row_tokens, row_commits in zip(batch.rows, tokens, commits, strict=True):
+        for i, (plan, row_tokens, row_commits) in enumerate(
+                zip(batch.rows, tokens, commits, strict=True)):
             r = plan.request
             self._count(r, plan, experts)
+            if canvas is not None:
+                self._update_canvas(r, canvas[i])
+                if r.finished:
+                    done.append(r)
+                continue
             for j, t, c in zip(plan.masked, row_tokens, row_commits, strict=True):
                 if c:
                     r.block[j] = t
@@ -173,6 +208,21 @@ class Scheduler:
             if r.finished:
                 done.append(r)
         return done
+
+    def _update_canvas(self, r: Request, step: CanvasStep) -> None:
+        """Keep the new draft; end the block (appending the argmax canvas) once the argmax has
+        held for `stable_steps` steps with mean entropy under `stop_entropy`, or at the step
+        limit (`steps_per_block`)."""
+        p = r.params
+        held = r.drafts[-p.stable_steps:] if p.stable_steps else []
+        stable = len(held) == p.stable_steps and all(d == step.argmax for d in held)
+        r.drafts = (r.drafts + [step.argmax])[-max(p.stable_steps, 1):]
+        r.block = step.draft
+        if (stable and step.mean_entropy < p.stop_entropy) or r.steps_in_block >= p.steps_per_block:
+            r.block = step.argmax
+            stop_ids = self.stop_ids | set(p.stop_token_ids)
+            r.eos_seen = any(t in stop_ids for t in r.block)
+            self._complete_block(r)
 
     def _count(self, r: Request, plan: RowPlan, experts: float) -> None:
         r.stats.forwards += 1
@@ -196,6 +246,7 @@ class Scheduler:
 
     def _complete_block(self, r: Request) -> None:
         r.seq.extend(r.block)
+        del r.seq[len(r.prompt) + r.params.max_tokens:]  # a whole canvas may run past it
         r.block = []
         if r.stats.first_block_s is None:
             r.stats.first_block_s = time.perf_counter() - r.stats.arrival_s

@@ -437,22 +437,3 @@ def init_weights(model: CloverModel, std: float = 0.02) -> None:
             nn.init.normal_(p, std=std * depth_scale)
         else:
             nn.init.normal_(p, std=std)
-
-
-def build_model(config: ModelConfig, *, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32, seed: int | None = 0) -> CloverModel:
-    """A freshly initialised model (seeded), or an empty shell when device is 'meta'.
-    `config.arch` picks the class: Clover's own, or DiffusionGemma's (clover/model/gemma.py)."""
-    init = init_weights
-    with torch.device(device):
-        if config.arch == "diffusion_gemma":
-            from clover.model import gemma
-
-            model, init = gemma.DiffusionGemmaModel(config), gemma.init_weights
-        else:
-            model = CloverModel(config)
-    if str(device) != "meta":
-        if seed is not None:
-            torch.manual_seed(seed)
-        init(model)
-    return model.to(dtype=dtype)

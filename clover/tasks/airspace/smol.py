@@ -83,6 +83,9 @@ def smol_model(config: ModelConfig, rank: int, init_adapter: str | None,
         if saved.r != rank:
             raise ValueError(f"--init-adapter {init_adapter}: rank {saved.r} != "
                              f"--lora-rank {rank}")
+        if train_mask_row:  # an adapter saved without a trained mask row: it starts at the base's
+            state = {**{k: v for k, v in adapter.lora_state(model).items()
+                        if "trainable_tokens" in k}, **state}
         adapter.load_lora_state(model, state, str(Path(init_adapter) / adapter.ADAPTER_WEIGHTS))
     return model, peft_config
 
