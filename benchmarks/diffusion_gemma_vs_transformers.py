@@ -15,20 +15,16 @@ best of `--repeats`. Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
+from clover.bench.versus import best_of, hardware, print_report, token_agreement
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert
 from clover.engine import LLM, SamplingParams
@@ -62,18 +58,6 @@ def reference_model(args) -> DiffusionGemmaForBlockDiffusion:
     return model
 
 
-def timed(fn, repeats: int, seed: int):
-    """Best wall time of `repeats` runs, each after seeding torch's default generator."""
-    best, out = None, None
-    for _ in range(repeats):
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        out = fn()
-        wall = time.perf_counter() - t0
-        best = wall if best is None else min(best, wall)
-    return out, best
-
-
 def hf_run(ref, prompts: list[list[int]], args) -> list[list[int]]:
     out = ref.generate(torch.tensor(prompts), max_new_tokens=args.gen,
                        max_denoising_steps=args.steps,
@@ -100,19 +84,17 @@ def run(args) -> dict:
         prompts = [torch.randint(2, args.vocab, (args.prompt,), generator=g).tolist()
                    for _ in range(batch)]
         with torch.no_grad():
-            want, t_ref = timed(lambda p=prompts: hf_run(ref, p, args), args.repeats, batch)
-        outs, t_clover = timed(lambda p=prompts: llm.generate(p, params), args.repeats, batch)
+            want, t_ref = best_of(lambda p=prompts: hf_run(ref, p, args), args.repeats, batch)
+        outs, t_clover = best_of(lambda p=prompts: llm.generate(p, params), args.repeats, batch)
         got = [o.token_ids for o in outs]  # up to the first EOS, as Clover returns them
         want = [w[:w.index(EOS_ID)] if EOS_ID in w else w for w in want]
-        agree = sum(a == b for x, y in zip(got, want, strict=True)
-                    for a, b in zip(x, y, strict=False)) / max(sum(map(len, want)), 1)
+        agree = token_agreement(got, want)
         rows.append({"batch": batch, "transformers_s": round(t_ref, 4),
                      "clover_s": round(t_clover, 4), "speedup": round(t_ref / t_clover, 3),
                      "same_tokens": got == want, "token_agreement": round(agree, 4),
                      "forwards_per_row": outs[0].stats.forwards})
     return {"benchmark": "diffusion_gemma_vs_transformers", "family": "diffusion_gemma",
-            "hardware": {"machine": platform.machine(), "cpus": torch.get_num_threads(),
-                         "torch": torch.__version__, "shared_machine": True},
+            "hardware": hardware(),
             "model": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab,
                       "experts": args.experts, "canvas": args.canvas, "window": args.window},
             "settings": {"prompt": args.prompt, "gen": args.gen, "steps": args.steps,
@@ -122,16 +104,12 @@ def run(args) -> dict:
 
 
 def show(report: dict) -> None:
-    table = Table(title="Clover engine vs transformers' DiffusionGemma generate (tiny, CPU)")
-    for col in ("batch", "transformers s", "clover s", "speedup", "same tokens", "agreement",
-                "forwards / row"):
-        table.add_column(col)
-    for r in report["results"]:
-        table.add_row(str(r["batch"]), f"{r['transformers_s']:.3f}", f"{r['clover_s']:.3f}",
-                      f"{r['speedup']:.2f}x", str(r["same_tokens"]),
-                      f"{r['token_agreement']:.3f}", str(r["forwards_per_row"]))
-    Console().print(table)
-    print(json.dumps(report))
+    cells = [[str(r["batch"]), f"{r['transformers_s']:.3f}", f"{r['clover_s']:.3f}",
+              f"{r['speedup']:.2f}x", str(r["same_tokens"]), f"{r['token_agreement']:.3f}",
+              str(r["forwards_per_row"])] for r in report["results"]]
+    print_report("Clover engine vs transformers' DiffusionGemma generate (tiny, CPU)",
+                 ("batch", "transformers s", "clover s", "speedup", "same tokens", "agreement",
+                  "forwards / row"), cells, report)
 
 
 def main() -> None:

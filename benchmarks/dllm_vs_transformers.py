@@ -16,18 +16,14 @@ docs/models.md, so the comparison runs on the family it can.)
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clover.bench.llada_reference import llada_generate
+from clover.bench.versus import best_of, hardware, print_report, token_agreement
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert
 from clover.checkpoint.hf_files import write_hf_dir
@@ -83,16 +79,6 @@ def as_llada_dir(model: LlamaForCausalLM, path: Path) -> Path:
     return write_hf_dir(path, config, tensors, shards=2)
 
 
-def timed(fn, repeats: int):
-    best, out = None, None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        wall = time.perf_counter() - t0
-        best = wall if best is None else min(best, wall)
-    return out, best
-
-
 def run(args) -> dict:
     ref = reference_model(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +90,7 @@ def run(args) -> dict:
         g = torch.Generator().manual_seed(batch)
         prompts = [torch.randint(4, args.vocab, (args.prompt,), generator=g).tolist()
                    for _ in range(batch)]
-        want, t_ref = timed(lambda p=prompts: llada_generate(
+        want, t_ref = best_of(lambda p=prompts: llada_generate(
             lambda ids: ref(ids).logits, p, mask_id=MASK_ID, gen_length=args.gen,
             block_length=args.block, steps=steps), args.repeats)
         for cache in ("none", "prefix", "dual"):
@@ -112,16 +98,14 @@ def run(args) -> dict:
                                     block_size=args.block, max_tokens=args.gen, cache=cache,
                                     ignore_eos=True)
             llm.generate(prompts[:1], params.replace(max_tokens=args.block))  # warm-up
-            outs, t_clover = timed(lambda p=prompts, q=params: llm.generate(p, q), args.repeats)
+            outs, t_clover = best_of(lambda p=prompts, q=params: llm.generate(p, q), args.repeats)
             got = [o.token_ids for o in outs]
-            agree = sum(a == b for x, y in zip(got, want, strict=True)
-                        for a, b in zip(x, y, strict=True)) / (batch * args.gen)
+            agree = token_agreement(got, want)
             rows.append({"batch": batch, "cache": cache, "transformers_s": round(t_ref, 4),
                          "clover_s": round(t_clover, 4), "speedup": round(t_ref / t_clover, 3),
                          "same_tokens": got == want, "token_agreement": round(agree, 4)})
     return {"benchmark": "dllm_vs_transformers", "family": "llada",
-            "hardware": {"machine": platform.machine(), "cpus": torch.get_num_threads(),
-                         "torch": torch.__version__, "shared_machine": True},
+            "hardware": hardware(),
             "model": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab},
             "settings": {"prompt": args.prompt, "gen": args.gen, "block": args.block,
                          "steps_per_block": args.steps_per_block, "repeats": args.repeats},
@@ -129,16 +113,12 @@ def run(args) -> dict:
 
 
 def show(report: dict) -> None:
-    table = Table(title="Clover engine vs LLaDA generate on transformers (tiny LLaDA, CPU)")
-    for col in ("batch", "cache", "transformers s", "clover s", "speedup", "same tokens",
-                "agreement"):
-        table.add_column(col)
-    for r in report["results"]:
-        table.add_row(str(r["batch"]), r["cache"], f"{r['transformers_s']:.3f}",
-                      f"{r['clover_s']:.3f}", f"{r['speedup']:.2f}x", str(r["same_tokens"]),
-                      f"{r['token_agreement']:.3f}")
-    Console().print(table)
-    print(json.dumps(report))
+    cells = [[str(r["batch"]), r["cache"], f"{r['transformers_s']:.3f}", f"{r['clover_s']:.3f}",
+              f"{r['speedup']:.2f}x", str(r["same_tokens"]), f"{r['token_agreement']:.3f}"]
+             for r in report["results"]]
+    print_report("Clover engine vs LLaDA generate on transformers (tiny LLaDA, CPU)",
+                 ("batch", "cache", "transformers s", "clover s", "speedup", "same tokens",
+                  "agreement"), cells, report)
 
 
 def main() -> None:
