@@ -24,7 +24,13 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSamplerConfig,
 )
 
-from clover.bench.versus import best_of, hardware, print_report, token_agreement
+from clover.bench.versus import (
+    best_of,
+    hardware,
+    parse_args,
+    print_report,
+    token_agreement,
+)
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert
 from clover.engine import LLM, SamplingParams
@@ -112,26 +118,18 @@ def show(report: dict) -> None:
                   "forwards / row"), cells, report)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--gen", type=int, default=64)
+def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--canvas", type=int, default=32)
     p.add_argument("--steps", type=int, default=8, help="denoising steps per canvas")
     p.add_argument("--bound", type=float, default=1.0, help="entropy bound (nats)")
     p.add_argument("--t-max", type=float, default=0.8)
     p.add_argument("--t-min", type=float, default=0.4)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--window", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    show(run(args))
+
+
+def main() -> None:
+    show(run(parse_args(__doc__, flags, dim=128)))
 
 
 if __name__ == "__main__":

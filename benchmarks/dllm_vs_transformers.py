@@ -23,7 +23,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clover.bench.llada_reference import llada_generate
-from clover.bench.versus import best_of, hardware, print_report, token_agreement
+from clover.bench.versus import (
+    best_of,
+    hardware,
+    parse_args,
+    print_report,
+    token_agreement,
+)
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert
 from clover.checkpoint.hf_files import write_hf_dir
@@ -121,21 +127,13 @@ def show(report: dict) -> None:
                   "agreement"), cells, report)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--gen", type=int, default=64)
+def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--steps-per-block", type=int, default=16)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    show(run(args))
+
+
+def main() -> None:
+    show(run(parse_args(__doc__, flags, dim=256)))
 
 
 if __name__ == "__main__":

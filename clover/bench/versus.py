@@ -4,6 +4,7 @@ timing, token agreement between two decodes, and the printed table followed by o
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -49,3 +50,22 @@ def print_report(title: str, columns: Sequence[str], cells: list[list[str]],
         table.add_row(*row)
     Console().print(table)
     print(json.dumps(report))
+
+
+def parse_args(doc: str, add_flags: Callable[[argparse.ArgumentParser], None],
+               dim: int) -> argparse.Namespace:
+    """The flags every such benchmark takes (batch sizes, prompt and generation lengths, the tiny
+    model's width, depth and vocabulary, repeats, threads) plus its own; sets the thread count."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    add_flags(p)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
