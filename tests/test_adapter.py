@@ -157,3 +157,22 @@ def test_trained_mask_row_is_stored_alone_and_merged_at_load(base_cache, tokeniz
     causal = adapted_config(base_cache.config, "causal", 1, False, "ar")
     with pytest.raises(ValueError, match="--train-mask-row"):
         smol_model(causal, 4, None, train_mask_row=True)
+
+
+def test_mask_row_training_can_start_from_an_adapter_without_one(base_cache, tokenizer,
+                                                                 tmp_path):
+    """`--init-adapter` saved without a trained mask row + `--train-mask-row`: the LoRA comes
+    from the adapter, the row starts where the base has it (the mean embedding) and trains."""
+    from clover.tasks.airspace.smol import smol_model
+
+    config = adapted_config(base_cache.config, "block", 4, True, "dl")
+    plain, peft_config = smol_model(config, 4, None)
+    _random_lora(plain)
+    saved = ad.save_adapter(plain, config, peft_config, tokenizer, tmp_path / "a",
+                            base={"base": "test"}, dtype=torch.float32)
+    model, _ = smol_model(config, 4, str(saved), train_mask_row=True)
+    lora = {k: v for k, v in ad.lora_state(model).items() if "lora_" in k}
+    torch.testing.assert_close(lora, {k: v for k, v in ad.lora_state(plain).items()})
+    row = next(p for n, p in model.named_parameters() if "trainable_tokens" in n)
+    assert row.requires_grad
+    torch.testing.assert_close(row.detach()[0], plain.embed.weight[config.mask_id].detach())
