@@ -341,3 +341,45 @@ def test_uniform_canvas_rows_never_show_drafts(pair):
     assert len(r.output_ids(set())) == CANVAS
     with pytest.raises(ValueError, match="uniform-canvas"):
         LLM("tiny", device="cpu").generate([[5, 6]], SamplingParams(policy="entropy_bound"))
+
+
+@pytest.mark.slow
+def test_served_over_http_with_the_openai_client(tmp_path):
+    """A converted DiffusionGemma (with a tokenizer) behind `clover serve`'s app: a chat answer
+    and a streamed one with the canvas knobs as extra fields; a tool call under the tool grammar
+    is a 400 that says why (a uniform canvas settles no token before its block ends)."""
+    import openai
+
+    from clover.server import CloverServer, ServerConfig
+    from clover.server.testing import SAMPLE_TEXTS, serving
+    from clover.tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(SAMPLE_TEXTS * 20, vocab_size=512)
+    torch.manual_seed(0)
+    ref = DiffusionGemmaForBlockDiffusion(hf_config(
+        vocab_size=512, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    randomise(ref, std=0.03)
+    ref.save_pretrained(tmp_path / "hf")
+    save_tokenizer(tok, tmp_path / "hf")
+    model_dir = convert(tmp_path / "hf", tmp_path / "clover")
+    server = CloverServer.load(ServerConfig(model=str(model_dir), device="cpu"))
+    knobs = {"min_temperature": 0.2, "steps_per_block": 4, "gamma": 1.0, "stable_steps": 1}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    with serving(server) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        out = client.chat.completions.create(model="clover", messages=messages,
+                                             max_tokens=2 * CANVAS, temperature=0.8, seed=1,
+                                             extra_body=knobs)
+        assert out.choices[0].finish_reason in ("stop", "length")
+        assert 0 < out.usage.completion_tokens <= 2 * CANVAS
+        chunks = client.chat.completions.create(model="clover", messages=messages,
+                                                stream=True,
+                                                max_tokens=2 * CANVAS, temperature=0.8, seed=1,
+                                                extra_body=knobs)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == out.choices[0].message.content
+        tool = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer"}}}}}
+        with pytest.raises(openai.BadRequestError, match="uniform-canvas"):
+            client.chat.completions.create(model="clover", messages=messages, tools=[tool],
+                                           tool_choice="required", max_tokens=CANVAS)

@@ -145,6 +145,9 @@ class _Request(_Strict):
     tau: float | None = None
     steps_per_block: int | None = None
     gamma: float | None = None
+    min_temperature: float | None = None  # uniform-canvas models (DiffusionGemma)
+    stable_steps: int | None = None
+    stop_entropy: float | None = None
     block_size: int | None = None
     cache: str | None = None
     refresh_every: int | None = None
@@ -173,8 +176,8 @@ class _Request(_Strict):
 
     def diffusion_knobs(self) -> dict[str, Any]:
         """The Clover extras that were given, as SamplingParams fields."""
-        names = ("policy", "tau", "steps_per_block", "gamma", "block_size", "cache",
-                 "refresh_every", "stop_token_ids")
+        names = ("policy", "tau", "steps_per_block", "gamma", "min_temperature", "stable_steps",
+                 "stop_entropy", "block_size", "cache", "refresh_every", "stop_token_ids")
         knobs = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return knobs | {"top_k": self.top_k, "ignore_eos": self.ignore_eos}
 
