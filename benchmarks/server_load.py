@@ -4,12 +4,13 @@ with and without a hostile client sending schemas that stall grammar compilers.
 Starts the server as a subprocess on 127.0.0.1 (a free port), asks every distinct prompt once from
 a single client (the solo answers and the single-client figures), then sends `--requests` requests
 from `--concurrency` clients (chat and text completions, a quarter of them streamed), twice: once
-alone, once while a hostile client sends stalling schemas back to back (an allOf of 24 patterns
-varied per request so no cache helps, 20,000 properties, a 2,000-member anyOf, `(a{1000}){1000}`,
-a schema nested 98 levels). Passes when no normal request is lost, no request at all gets a 5xx,
-every temperature-0 answer equals its solo answer, and the normal requests' p99 latency with the
-hostile client is within `--max-p99-ratio` (2x) of the run without it. Bounded in count and time
-(`--time-limit`). Prints a table, then one JSON line.
+alone, once while a hostile client sends stalling schemas back to back, one sender per class in
+flight at once (an allOf of 24 patterns varied per request so no cache helps, 20,000 properties,
+a 2,000-member anyOf, `(a{1000}){1000}`, a schema nested 98 levels). Passes when no normal
+request is lost, no request at all gets a 5xx, every temperature-0 answer equals its solo answer,
+and the normal requests' p99 latency with the hostile client is within `--max-p99-ratio` (2x)
+of the run without it. Bounded in count and time (`--time-limit`). Prints a table, then one JSON
+line.
 
     python benchmarks/server_load.py                       # a tiny random model, built in a tmp dir
     python benchmarks/server_load.py --model models/clover-smol --requests 1000 --concurrency 32
@@ -190,6 +191,7 @@ def _table(rows: list[tuple[str, dict]]) -> str:
 
 
 # ---- the hostile client --------------------------------------------------------------------------
+HOSTILE_KINDS = 5  # the schema classes below; one sender per class runs during the load
 def _hostile_schemas(i: int) -> dict:
     """The i-th stalling schema (the audit's classes), varied so no verdict cache helps."""
     kind = i % 5
@@ -208,11 +210,12 @@ def _hostile_schemas(i: int) -> dict:
     return schema
 
 
-async def _hostile(url: str, model: str, stop: asyncio.Event) -> dict[str, int]:
-    """Send stalling schemas one after another until `stop`; count statuses."""
+async def _hostile(url: str, model: str, stop: asyncio.Event, kind: int) -> dict[str, int]:
+    """Send stalling schemas of one class (`kind` of `_hostile_schemas`) one after another until
+    `stop`; count statuses."""
     counts: dict[str, int] = {}
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        i = 0
+        i = kind
         while not stop.is_set():
             body = {"model": model, "max_tokens": 8, "messages": [
                 {"role": "user", "content": "hi"}], "response_format": {
@@ -223,18 +226,23 @@ async def _hostile(url: str, model: str, stop: asyncio.Event) -> dict[str, int]:
             except httpx.HTTPError as e:
                 status = type(e).__name__
             counts[status] = counts.get(status, 0) + 1
-            i += 1
+            i += HOSTILE_KINDS
     return counts
 
 
 async def _with_hostile(url: str, model: str, prompts: list[str], keys: list,
                         args: argparse.Namespace) -> tuple[list[Result], float, dict]:
     stop = asyncio.Event()
-    hostile = asyncio.ensure_future(_hostile(url, model, stop))
-    await asyncio.sleep(0.5)  # the first stalling schema is compiling when the load starts
+    hostile = [asyncio.ensure_future(_hostile(url, model, stop, kind))
+               for kind in range(HOSTILE_KINDS)]  # every class in flight at once
+    await asyncio.sleep(0.5)  # the first stalling schemas are compiling when the load starts
     results, wall = await _run_all(url, model, prompts, keys, args.concurrency, args.max_tokens)
     stop.set()
-    return results, wall, await hostile
+    counts: dict[str, int] = {}
+    for one in await asyncio.gather(*hostile):
+        for status, n in one.items():
+            counts[status] = counts.get(status, 0) + n
+    return results, wall, counts
 
 
 def main() -> int:
