@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clover.bench.llada_reference import llada_generate
+from clover.bench.llada_reference import llada_generate, llama_as_llada
 from clover.bench.versus import (
     best_of,
     hardware,
@@ -36,10 +36,6 @@ from clover.checkpoint.hf_files import write_hf_dir
 from clover.engine import LLM, SamplingParams
 
 MASK_ID, EOS_ID = 3, 2
-LLADA_NAMES = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj",
-               "self_attn.v_proj": "v_proj", "self_attn.o_proj": "attn_out",
-               "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm",
-               "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj", "mlp.down_proj": "ff_out"}
 
 
 def reference_model(args) -> LlamaForCausalLM:
@@ -62,26 +58,7 @@ def reference_model(args) -> LlamaForCausalLM:
 
 
 def as_llada_dir(model: LlamaForCausalLM, path: Path) -> Path:
-    tensors = {}
-    for key, value in model.state_dict().items():
-        if key.startswith("model.layers."):
-            layer, rest = key[len("model.layers."):].split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            key = f"model.transformer.blocks.{layer}.{LLADA_NAMES[module]}.{kind}"
-        else:
-            key = {"model.embed_tokens.weight": "model.transformer.wte.weight",
-                   "model.norm.weight": "model.transformer.ln_f.weight",
-                   "lm_head.weight": "model.transformer.ff_out.weight"}[key]
-        tensors[key] = value
-    c = model.config
-    config = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": c.hidden_size,
-              "n_heads": c.num_attention_heads, "n_kv_heads": c.num_key_value_heads,
-              "n_layers": c.num_hidden_layers, "mlp_hidden_size": c.intermediate_size,
-              "vocab_size": c.vocab_size, "embedding_size": c.vocab_size, "rope": True,
-              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "block_type": "llama",
-              "layer_norm_type": "rms", "activation_type": "silu", "weight_tying": False,
-              "max_sequence_length": 1024, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID,
-              "mask_token_id": MASK_ID}
+    config, tensors = llama_as_llada(model, eos_id=EOS_ID, mask_id=MASK_ID)
     return write_hf_dir(path, config, tensors, shards=2)
 
 

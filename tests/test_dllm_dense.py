@@ -16,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from clover.bench.llada_reference import llada_generate
+from clover.bench.llada_reference import llama_as_llada as reference_layout
 from clover.checkpoint import load_model
 from clover.checkpoint.convert import convert, export_hf, read_hf_dir
 from clover.checkpoint.hf_files import write_hf_dir
@@ -36,32 +37,7 @@ def bidirectional(model):
 
 def llama_as_llada(ref) -> tuple[dict, dict]:
     """The same weights under LLaDA-8B's published names and config fields."""
-    renames = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj",
-               "self_attn.v_proj": "v_proj", "self_attn.o_proj": "attn_out",
-               "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm",
-               "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj", "mlp.down_proj": "ff_out"}
-    tensors = {}
-    for key, value in ref.state_dict().items():
-        if key.startswith("model.layers."):
-            layer, rest = key[len("model.layers."):].split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            key = f"model.transformer.blocks.{layer}.{renames[module]}.{kind}"
-        else:
-            key = {"model.embed_tokens.weight": "model.transformer.wte.weight",
-                   "model.norm.weight": "model.transformer.ln_f.weight",
-                   "lm_head.weight": "model.transformer.ff_out.weight"}[key]
-        tensors[key] = value.clone()
-    c = ref.config
-    config = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": 64,
-              "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "mlp_hidden_size": 96,
-              "mlp_ratio": 4, "vocab_size": 300, "embedding_size": 300, "rope": True,
-              "rope_theta": TINY["rope_theta"], "rms_norm_eps": c.rms_norm_eps,
-              "block_type": "llama",
-              "layer_norm_type": "rms", "activation_type": "silu", "alibi": False,
-              "include_bias": False, "include_qkv_bias": False, "weight_tying": False,
-              "attention_layer_norm": False, "max_sequence_length": 256,
-              "eos_token_id": 5, "pad_token_id": 5, "mask_token_id": 7}
-    return config, tensors
+    return reference_layout(ref, eos_id=5, mask_id=7)
 
 
 @pytest.fixture(scope="module")
