@@ -46,20 +46,12 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     inactive = 0
     for block in model.layers:
-        experts = _routed_experts(block)
+        experts = block.routed_experts
         if experts is not None:
             routed = sum(p.numel() for p in experts.parameters())
             unused = config.num_experts - config.num_experts_per_tok
             inactive += routed * unused // config.num_experts
     return total, total - inactive
-
-
-def _routed_experts(block):
-    """A layer's routed experts: a Clover MoE block's `ffn.experts`, or the `experts` a
-    DiffusionGemma layer runs beside its dense MLP; None for a dense layer."""
-    if getattr(block, "is_moe", False):
-        return block.ffn.experts
-    return getattr(block, "experts", None)
 
 
 def describe(config: ModelConfig) -> dict[str, Any]:

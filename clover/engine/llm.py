@@ -222,9 +222,9 @@ class Engine:
 
     def _propose(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:
         """The sampler's proposals laid out [B, M] by row, with each row's policy knobs."""
-        params = [p.request.params for p in batch.rows]
         if self.uniform:
             return self._propose_uniform(run, batch)
+        params = [p.request.params for p in batch.rows]
         rows = [RowSampling(q.temperature, q.top_p, q.top_k, p.request.generator)
                 for q, p in zip(params, batch.rows, strict=True)]
         tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id)

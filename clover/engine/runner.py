@@ -65,6 +65,8 @@ class ModelRunner:
     def release(self, rows: list[int]) -> None:
         if rows:
             self.cache.reset_rows(rows)
+        for row in rows:
+            self.soft.pop(row, None)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> RunOutput:

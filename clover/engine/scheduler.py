@@ -128,9 +128,8 @@ class Scheduler:
             end = min(a + bs, r.canvas_end)
         else:  # blocks are aligned to absolute positions, as the attention mask is
             end = min((a // bs + 1) * bs, a + remaining)
-        r.block = [r.mask_id] * (end - a)
-        if self.config.canvas == "uniform":
-            r.block = self.draw_canvas(r, end - a)
+        r.block = (self.draw_canvas(r, end - a) if self.config.canvas == "uniform"
+                   else [r.mask_id] * (end - a))
         r.steps_in_block = 0
         r.drafts = []
 

@@ -99,17 +99,10 @@ class GemmaAttention(nn.Module):
         k = _rope(self.k_norm(k_raw), *cos_sin)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
-            k, v = self._through_cache(cache, k.transpose(1, 2), v.transpose(1, 2), write)
+            k, v = cache.write_read(self.layer, k.transpose(1, 2), v.transpose(1, 2), write)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask_BLS[:, None],
                                              scale=1.0, enable_gqa=G != H)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, H * Dh))
-
-    def _through_cache(self, cache: KVCache, k_BLGD: Tensor, v_BLGD: Tensor, write):
-        k_all, v_all = cache.k[self.layer], cache.v[self.layer]
-        k_all[write.rows_N, :, write.slots_N] = write.values(k_BLGD).to(k_all.dtype)
-        v_all[write.rows_N, :, write.slots_N] = write.values(v_BLGD).to(v_all.dtype)
-        k_read, v_read = k_all[write.read, :, :cache.end], v_all[write.read, :, :cache.end]
-        return k_read.to(k_BLGD.dtype), v_read.to(v_BLGD.dtype)
 
 
 class GatedMLP(nn.Module):
@@ -173,6 +166,11 @@ class GemmaLayer(nn.Module):
         self.post_feedforward_layernorm_2 = GemmaNorm(D, eps)
         self.post_feedforward_layernorm = GemmaNorm(D, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))
+
+    @property
+    def routed_experts(self) -> nn.Module:
+        """The experts beside the dense MLP (every layer has them); what `clover inspect` counts."""
+        return self.experts
 
     def forward(self, x_BLD: Tensor, cos_sin, mask_BLS, cache, write, valid_N, stats: list):
         h_BLD = self.self_attn(self.input_layernorm(x_BLD), cos_sin, mask_BLS, cache, write)

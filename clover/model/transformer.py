@@ -102,6 +102,16 @@ class KVCache:
         self.valid_BS[rows_N, slots_N] = True
         return write
 
+    def write_read(self, layer: int, k_BLGD: Tensor, v_BLGD: Tensor,
+                   write: CacheWrite) -> tuple[Tensor, Tensor]:
+        """Store one layer's new keys/values in their slots; return every slot attention may read
+        ([B, G, end, Dh] each, in the inputs' dtype)."""
+        k_all, v_all = self.k[layer], self.v[layer]
+        k_all[write.rows_N, :, write.slots_N] = write.values(k_BLGD).to(k_all.dtype)
+        v_all[write.rows_N, :, write.slots_N] = write.values(v_BLGD).to(v_all.dtype)
+        k_read, v_read = k_all[write.read, :, :self.end], v_all[write.read, :, :self.end]
+        return k_read.to(k_BLGD.dtype), v_read.to(v_BLGD.dtype)
+
     def commit(self, num_B: Tensor) -> None:
         """Make the next num_B[b] written tokens of each row part of its permanent prefix."""
         self.length_B += num_B.to(self.length_B)
@@ -258,7 +268,7 @@ class Attention(nn.Module):
         q_BLHD, k_BLGD, v_BLGD = self._qkv_roped(x_BLD, rope)
         q, k, v = q_BLHD.transpose(1, 2), k_BLGD.transpose(1, 2), v_BLGD.transpose(1, 2)
         if cache is not None:
-            k, v = self._through_cache(cache, k_BLGD, v_BLGD, write)
+            k, v = cache.write_read(self.layer, k_BLGD, v_BLGD, write)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BLS[:, None],
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return linear(self.o_fast, out.transpose(1, 2).reshape(B, L, -1), self.o_proj)
@@ -287,15 +297,6 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return rotary.apply(q, cos, sin), rotary.apply(k, cos, sin), v
 
-    def _through_cache(self, cache: KVCache, k_BLGD: Tensor, v_BLGD: Tensor,
-                       write: CacheWrite) -> tuple[Tensor, Tensor]:
-        """Write the new keys/values into their slots; return all slots attention may read."""
-        k_all, v_all = cache.k[self.layer], cache.v[self.layer]
-        k_all[write.rows_N, :, write.slots_N] = write.values(k_BLGD).to(k_all.dtype)
-        v_all[write.rows_N, :, write.slots_N] = write.values(v_BLGD).to(v_all.dtype)
-        k_read, v_read = k_all[write.read, :, :cache.end], v_all[write.read, :, :cache.end]
-        return k_read.to(k_BLGD.dtype), v_read.to(v_BLGD.dtype)
-
 
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
@@ -307,6 +308,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.is_moe = config.layer_is_moe(layer)
         self.ffn = MoE(config) if self.is_moe else SwiGLU(config.dim, config.ffn_dim)
+
+    @property
+    def routed_experts(self) -> nn.Module | None:
+        """The layer's routed experts (None for a dense layer); what `clover inspect` counts."""
+        return self.ffn.experts if self.is_moe else None
 
     def forward(self, x_BLD: Tensor, rope, mask_BLS, cache, write, valid_N, stats: list,
                 positions: tuple[Tensor, Tensor]):
