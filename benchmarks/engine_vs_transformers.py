@@ -11,7 +11,8 @@ decode exactly --max-tokens). It also reports each rate against the weight-bandw
 JSON line.
 
     python benchmarks/engine_vs_transformers.py [--batch 1 8] [--dtypes fp32 bf16 int8]
-        [--max-tokens 32] [--repeats 3] [--threads 2] [--llama-bench PATH]
+        [--engines eager compiled] [--max-tokens 32] [--repeats 3] [--threads 2]
+        [--llama-bench PATH]
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ def prompt_ids(tokenizer, batch: int, length: int) -> list[list[int]]:
     return out
 
 
-def load_clover(path: str, dtype: str, batch: int) -> LLM:
+def load_clover(path: str, dtype: str, batch: int, compile: bool = False) -> LLM:
     from clover.bench.quant import load_at
 
     model, tok = load_at(path, dtype, torch.device("cpu"))
     return LLM(model, tokenizer=tok, device="cpu", dtype=next(model.parameters()).dtype,
-               max_batch_size=batch)
+               max_batch_size=batch, compile=compile)
 
 
 def clover_decode(llm: LLM, prompts: list[list[int]], new: int) -> list[list[int]]:
@@ -177,14 +178,19 @@ def run(args: argparse.Namespace) -> dict:
     results = []
     for dtype in args.dtypes:
         hf = load_hf(gguf, dtype)
-        for batch in args.batch:
-            llm = load_clover(model_dir, dtype, batch)
+        for batch, engine in ((b, e) for b in args.batch for e in args.engines):
+            llm = load_clover(model_dir, dtype, batch, compile=engine == "compiled")
             prompts = prompt_ids(llm.tokenizer, batch, args.prompt_tokens)
+            t0 = time.perf_counter()
+            clover_decode(llm, prompts, args.max_tokens)  # compiles every shape the run meets
+            clover_decode(llm, prompts, args.max_tokens)  # (the second: a cached prompt head)
+            warm_s = time.perf_counter() - t0
             res = compare(llm, hf, prompts, args.max_tokens, args.repeats, args.allow_mismatch)
             results.append(row(dtype, batch, args.max_tokens, res,
                                streamed_weight_bytes(llm.engine.model),
                                peaks["bandwidth_gbs"] * 1e9,
-                               peaks["bandwidth_cpu_clock_gbs"] * 1e9))
+                               peaks["bandwidth_cpu_clock_gbs"] * 1e9)
+                           | {"engine": engine, "warmup_s": round(warm_s, 1)})
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)  # progress
             del llm
         del hf
@@ -200,13 +206,14 @@ def print_table(out: dict) -> None:
     print(f"machine: {features_line(out['machine'])}; bandwidth "
           f"{out['machine']['bandwidth_gbs']} GB/s; matmul peak {out['machine']['matmul_gflops']}"
           " GFLOP/s")
-    head = ("dtype", "batch", "clover tok/s", "ms/step (best)", "cpu ms/step", "roofline (cpu)",
-            "hf tok/s", "hf ms/step (best)", "hf cpu ms/step", "x hf (cpu)", "same tokens")
+    head = ("dtype", "batch", "engine", "clover tok/s", "ms/step (best)", "cpu ms/step",
+            "roofline (cpu)", "hf tok/s", "hf ms/step (best)", "hf cpu ms/step", "x hf (cpu)",
+            "same tokens")
     print(" | ".join(head))
     for r in out["results"]:
         hf_ms = f"{r['hf_ms_per_step']} ({r['hf_best_ms_per_step']})" if "hf_tok_s" in r else "-"
         ratio = f"{r['speedup_vs_hf']} ({r['speedup_vs_hf_cpu']})" if "hf_tok_s" in r else "-"
-        cells = (r["dtype"], r["batch"], r["clover_tok_s"],
+        cells = (r["dtype"], r["batch"], r["engine"], r["clover_tok_s"],
                  f"{r['clover_ms_per_step']} ({r['clover_best_ms_per_step']})",
                  r["clover_cpu_ms_per_step"],
                  f"{100 * r['roofline_share']:.0f}% ({100 * r['roofline_share_cpu']:.0f}%)",
@@ -225,6 +232,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"],
                     choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--engines", nargs="+", default=["eager"], choices=["eager", "compiled"],
+                    help="Clover's forward: eager, and/or one compiled graph (LLM(compile=True));"
+                         " the compile time is reported as warmup_s, outside the timed runs")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)

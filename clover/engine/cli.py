@@ -31,7 +31,7 @@ def load_llm(args: argparse.Namespace):
                          "nor a model directory")
     if args.model in PRESETS:
         print(f"note: preset {args.model!r} has random weights", file=sys.stderr)
-    return LLM(args.model, device=args.device, dtype=args.dtype)
+    return LLM(args.model, device=args.device, dtype=args.dtype, compile=args.compile)
 
 
 def _parse_ids(text: str, vocab_size: int) -> list[int]:
@@ -187,6 +187,9 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     p.add_argument("--dtype", default="auto",
                    help="auto | float32 | bfloat16 | int8 (torchao weight-only; default: auto)")
+    p.add_argument("--compile", action="store_true",
+                   help="cached forwards of a dense model as one compiled graph (torch.compile; "
+                        "worth its minute of compiling only for long jobs)")
     add_sampling_flags(p)
 
 

@@ -59,13 +59,13 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 class Engine:
     def __init__(self, model: CloverModel, tokenizer: Any | None = None, *,
                  max_batch_size: int = 32, max_model_len: int | None = None,
-                 prefix_cache_mb: float = 256.0) -> None:
+                 prefix_cache_mb: float = 256.0, compile: bool = False) -> None:
         self.model = model.eval()
         self.config = model.config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or self.config.max_seq_len
         # the cache starts small and grows (keeping its contents) as requests need more slots
-        self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256))
+        self.runner = ModelRunner(model, max_batch_size, min(self.max_model_len, 256), compile)
         # keys and values of prompt heads that earlier requests computed (0 MB: off)
         self.prefix_cache = PrefixCache(self.config, prefix_cache_mb)
         self.uniform = self.config.canvas == "uniform"  # DiffusionGemma-style canvases
@@ -348,6 +348,7 @@ class LLM:
     max_batch_size: int = 32
     max_model_len: int | None = None
     prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
+    compile: bool = False  # cached forwards as one compiled graph (clover/model/compiled.py)
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -367,7 +368,8 @@ class LLM:
             quantize_int8(module)
         self.model = module
         self.engine = Engine(module, self.tokenizer, max_batch_size=self.max_batch_size,
-                             max_model_len=self.max_model_len, prefix_cache_mb=self.prefix_cache_mb)
+                             max_model_len=self.max_model_len, prefix_cache_mb=self.prefix_cache_mb,
+                             compile=self.compile)
 
     @property
     def config(self):

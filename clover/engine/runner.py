@@ -12,6 +12,7 @@ builds the few other device tensors a step needs: per-position values laid out b
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +38,14 @@ class RunOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: CloverModel, max_batch_size: int, capacity: int) -> None:
+    def __init__(self, model: CloverModel, max_batch_size: int, capacity: int,
+                 compile: bool = False) -> None:
         self.model = model.fuse_projections()
+        # compile: True when the model's cached forwards now run as one compiled graph
+        self.compiled = compile and hasattr(model, "compile_forward") and model.compile_forward()
+        if compile and not self.compiled:
+            warnings.warn(f"--compile: {type(model).__name__} ({model.config.arch}) has parts the "
+                          "compiled forward does not cover; running eager", stacklevel=2)
         self.config = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype

@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
+from clover.model.compiled import CompiledForward
 from clover.model.fused import FastLinear, linear
+from clover.model.layers import RMSNorm, Rotary, _rotate_half, rms_norm  # noqa: F401 (re-exported)
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
@@ -140,62 +142,6 @@ class ModelOutput:
     logits: Tensor  # [B, L, V], or [N, V] for the positions selected by logits_mask_BL
     moe: MoEStats | None
     hidden_BLD: Tensor | None = None
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight, normalised in fp32 (one fused op when x is fp32).
-
-    In a low-precision model the normalised x is rounded to its dtype before the weight scales
-    it, as transformers' Llama / Qwen norms do, so bf16 greedy decodes match theirs."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight.float(), eps)
-    return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight.to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-class Rotary(nn.Module):
-    """RoPE on the first `rotary_dim` dims of each head (rotate-half layout, as in LLaMA/Qwen)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.rotary_dim = config.rotary_dim
-        exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64, device="cpu")
-        # Kept out of the state dict and out of .to(dtype): frequencies stay fp32 in bf16 models.
-        self._inv_freq = (config.rope_theta ** -(exponent / self.rotary_dim)).float()
-        self._on_device: dict[torch.device, Tensor] = {}
-
-    def inv_freq(self, device: torch.device) -> Tensor:
-        if device not in self._on_device:
-            self._on_device[device] = self._inv_freq.to(device)
-        return self._on_device[device]
-
-    def cos_sin(self, pos_BL: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin of every position's angles, [B, L, 1, rotary] (broadcast over heads)."""
-        # R = rotary_dim / 2 frequencies
-        angles_BLR = pos_BL[..., None].float() * self.inv_freq(pos_BL.device)
-        angles_BLR = torch.cat([angles_BLR, angles_BLR], dim=-1)[:, :, None]
-        return angles_BLR.cos().to(dtype), angles_BLR.sin().to(dtype)
-
-    def apply(self, x_BLHD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """x * cos + rotate_half(x) * sin on the first rotary_dim dims of each head."""
-        if self.rotary_dim == x_BLHD.shape[-1]:
-            return x_BLHD * cos + _rotate_half(x_BLHD) * sin
-        rot, rest = x_BLHD[..., :self.rotary_dim], x_BLHD[..., self.rotary_dim:]
-        return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 def visibility(mode: str, block_size: int, q_pos_BL: Tensor, k_pos_BS: Tensor) -> Tensor:
@@ -353,6 +299,7 @@ class CloverModel(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(
             config.dim, config.vocab_size, bias=False)
         self.head_fast: FastLinear | None = None  # set by `fuse_projections`
+        self.compiled: CompiledForward | None = None  # set by `compile_forward`
 
     def forward(self, ids_BL: Tensor, pos_BL: Tensor | None = None, *, cache: KVCache | None = None,
                 slot_B: Tensor | None = None, cache_rows: list[int] | None = None,
@@ -376,10 +323,14 @@ class CloverModel(nn.Module):
                 start_B = cache.length_B[cache_rows if cache_rows is not None else slice(0, B)]
             pos_BL = start_B[:, None] + torch.arange(L, device=ids_BL.device)
         valid_BL = torch.ones_like(ids_BL, dtype=torch.bool) if valid_BL is None else valid_BL
-        x_BLD = self.embed(ids_BL)
-        rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
         write, mask_BLS, k_pos_BS = self._attention_mask(pos_BL, valid_BL, cache, slot_B,
                                                          cache_rows, attn_mask_BLS)
+        if self.compiled is not None and self.compiled.applies(write, attn_mask_BLS,
+                                                               return_hidden):
+            return ModelOutput(self.compiled(ids_BL, pos_BL, mask_BLS, write, cache,
+                                             logits_mask_BL), None)
+        x_BLD = self.embed(ids_BL)
+        rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
         stats: list = []
         valid_N = valid_BL.reshape(-1)
         for layer in self.layers:
@@ -400,6 +351,12 @@ class CloverModel(nn.Module):
         head = ("embed",) if self.lm_head is None else ("lm_head",)
         self.head_fast = FastLinear.build(self, head, pack) if enabled else None
         return self
+
+    def compile_forward(self, enabled: bool = True) -> bool:
+        """Cached forwards through one compiled graph (clover/model/compiled.py) where the model
+        allows it; False when it does not (eager stays)."""
+        self.compiled = CompiledForward.build(self) if enabled else None
+        return self.compiled is not None
 
     def project(self, h: Tensor) -> Tensor:
         """LM head (tied to the embedding when configured)."""
