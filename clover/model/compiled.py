@@ -40,16 +40,13 @@ OPTIONS = {"cpp_wrapper": True, "emulate_precision_casts": True,
            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 
-@torch.library.custom_op("clover::residual", mutates_args=())
 def _residual(x: Tensor, y: Tensor) -> Tensor:
-    """x + y, opaque to inductor: freezing would fold the add into the matmul before it (a
-    oneDNN post-op, adding before the matmul's bf16 rounding, which eager does after)."""
-    return x + y
-
-
-@_residual.register_fake
-def _(x: Tensor, y: Tensor) -> Tensor:
-    return torch.empty_like(x)
+    """x + y, written x - (-y) (the same number: negation is exact). Freezing folds an add that
+    is a matmul's only user into the oneDNN matmul as a post-op, which adds before the matmul's
+    bf16 rounding where eager adds after it, and greedy tokens drift. With the negation as the
+    matmul's user the fold does not happen; an opaque custom op did the same 2.6 ms per step
+    slower (a call back into Python each). tests/test_compiled.py checks the bits."""
+    return x - -y
 
 
 class _Stack(nn.Module):
