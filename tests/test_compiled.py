@@ -82,6 +82,20 @@ def test_compiled_engine_decodes_the_same_tokens(case, compiled_calls):
     assert len(compiled_calls) >= 3
 
 
+def test_two_models_in_one_process_keep_their_own_graphs():
+    """Weights are constants of a model's graph: a second model of the same shape compiled in
+    the same process decodes with its own weights, not the first one's."""
+    overrides = dict(attention="causal", block_size=1)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    outs = {}
+    for seed in (1, 2):
+        ref = LLM(_model(overrides, seed=seed), device="cpu", dtype="float32")
+        llm = LLM(_model(overrides, seed=seed), device="cpu", dtype="float32", compile=True)
+        outs[seed] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        assert outs[seed] == [o.token_ids for o in ref.generate(PROMPTS, params)]
+    assert outs[1] != outs[2]
+
+
 def test_a_changed_weight_sends_forwards_back_to_eager(compiled_calls):
     """Weights are baked into the graph: after an in-place update the compiled graph is not
     used, and decoding gives the updated model's tokens."""

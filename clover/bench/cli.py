@@ -43,7 +43,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "out", "name")}
     fields["ar_model"] = "" if args.no_ar else args.ar_model
     return make_config(args.quick, task=args.task, precisions=precisions,
-                       grammar=args.grammar, **fields)
+                       grammar=args.grammar, compile=args.compile, **fields)
 
 
 def out_dir(cfg: BenchConfig) -> Path:
@@ -143,6 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"agent turns per message (default {d.max_turns})")
     add_grammar_flag(p)
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
+    p.add_argument("--compile", action="store_true",
+                   help="both models' cached forwards as one compiled graph (dense models; "
+                        "forwards of up to 16 tokens; compile time not in the timings)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")

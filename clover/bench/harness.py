@@ -124,7 +124,8 @@ def measure(point: Point, loaded: Loaded, examples: list, cfg: BenchConfig,
         model = with_block_size(model, point.block_size)
     need = min(context_need(loaded.tokenizer, examples, cfg), model.config.max_seq_len)
     llm = LLM(model, tokenizer=loaded.tokenizer, device=str(device),
-              dtype=activation_dtype(point.precision, device), max_batch_size=point.batch_size)
+              dtype=activation_dtype(point.precision, device), max_batch_size=point.batch_size,
+              compile=cfg.compile)
     params = point.params(cfg, model.config.attention == "full")
     if cfg.grammar:
         params = params.replace(structured=tool_constraint())

@@ -26,6 +26,8 @@ each batch shape class; `--compile` turns it on (off by default: a short job doe
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -36,7 +38,8 @@ from clover.model.moe import SwiGLU
 
 # Freezing is read before `torch.compile`'s options apply, so it is patched in around each call.
 OPTIONS = {"cpp_wrapper": True, "emulate_precision_casts": True,
-           # parameters are checked by `applies` (cheaper than dynamo's per-module guards)
+           # parameters are checked by `applies` (cheaper than dynamo's per-module guards);
+           # each stack has its own forward code, so its graphs are its own (`_own_class`)
            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 
@@ -97,6 +100,16 @@ class _Stack(nn.Module):
         return F.linear(h_ND, head)
 
 
+def _own_class(cls: type) -> type:
+    """A subclass whose forward has a code object of its own. Dynamo files compiled graphs
+    under the code object, and with the module guards filtered out (OPTIONS) two models'
+    stacks would otherwise share one graph, and with it the first model's frozen weights."""
+    fn = cls.forward
+    forward = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                                 fn.__defaults__, fn.__closure__)
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
+
+
 def _fused(fast, *layers: nn.Linear) -> Tensor:
     """The layers' weights as one [sum of outputs, in] tensor (`fast`'s, when fused)."""
     return fast.weight_OI if fast is not None else torch.cat([m.weight.detach() for m in layers])
@@ -111,7 +124,7 @@ class CompiledForward:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.stack = _Stack(model)
+        self.stack = _own_class(_Stack)(model)
         self.fn = torch.compile(self.stack, dynamic=True, options=OPTIONS)
         self._params = list(model.parameters())
         self._state = self._identity()
