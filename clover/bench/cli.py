@@ -143,9 +143,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"agent turns per message (default {d.max_turns})")
     add_grammar_flag(p)
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
-    p.add_argument("--compile", action="store_true",
-                   help="both models' cached forwards as one compiled graph (dense models; "
-                        "forwards of up to 16 tokens; compile time not in the timings)")
+    p.add_argument("--compile", action="store_true", help="compiled forwards (LLM(compile=True))")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")
