@@ -41,9 +41,7 @@ class ModelRunner:
     def __init__(self, model: CloverModel, max_batch_size: int, capacity: int,
                  compile: bool = False) -> None:
         self.model = model.fuse_projections()
-        # compile: True when the model's cached forwards now run as one compiled graph
-        self.compiled = compile and hasattr(model, "compile_forward") and model.compile_forward()
-        if compile and not self.compiled:
+        if compile and not (hasattr(model, "compile_forward") and model.compile_forward()):
             warnings.warn(f"--compile: {type(model).__name__} ({model.config.arch}) has parts the "
                           "compiled forward does not cover; running eager", stacklevel=2)
         self.config = model.config
@@ -53,6 +51,11 @@ class ModelRunner:
         self.cache = KVCache(self.config, max_batch_size, capacity, self.device, self.dtype)
         # canvas models: each cache row's self-conditioning input for its next step, [C, D]
         self.soft: dict[int, Tensor] = {}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the model's cached forwards run as one compiled graph."""
+        return getattr(self.model, "compiled", None) is not None
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow every row's slot count to at least `capacity`, keeping what is cached."""

@@ -187,9 +187,9 @@ class CompiledForward:
         read_B = write.read if isinstance(write.read, Tensor) else None  # None: rows 0..B-1
         sel_N = (torch.arange(B * L, device=ids_BL.device) if logits_mask_BL is None
                  else logits_mask_BL.reshape(-1).nonzero().squeeze(1))
+        # the angles' cos and sin in eager: inductor's own cos / sin round differently
+        cos, sin = self.model.rotary.cos_sin(pos_BL, self.model.embed.weight.dtype)
         with torch._inductor.config.patch(freezing=True):
-            # the angles' cos and sin in eager: inductor's own cos / sin round differently
-            cos, sin = self.model.rotary.cos_sin(pos_BL, self.model.embed.weight.dtype)
             logits = self.fn(ids_BL, cos, sin, mask_BLS[:, None], write.rows_N, write.slots_N,
                              read_B, sel_N, cache.k, cache.v)
         return logits.view(B, L, -1) if logits_mask_BL is None else logits
