@@ -1,25 +1,29 @@
 """A compiled cached forward: the whole layer stack of a dense model as one inductor graph.
 
 Eager PyTorch spends about as long launching a decode step's ~800 small ops (norms, rotations,
-cache writes, views) as it does streaming the weights through its matrix-vector products: on
-SmolLM2-135M in bf16 at batch 1, 26.5 ms per step of which the matmuls are ~13.5 ms. Compiling
-the layers, the final norm and the LM head into one graph (`torch.compile`, inductor, weights
-frozen as constants so oneDNN prepacks them, a C++ wrapper) takes 23.8 against 29.5 ms per step
-there (docs/bench.md). Most of what is left beyond the matmuls is the RMSNorm and silu calls,
-which go back through Python to ATen's kernels to keep eager's bits (see `_silu_mul`).
+cache writes, views) as it does streaming the weights through its matrix-vector products. On
+SmolLM2-135M in bf16 at batch 1 (2 threads, AMX), compiling the embedding, the layers, the final
+norm and the LM head into one graph takes a decode step from 31.4 to 15.3 ms, 63% of the
+weight-bandwidth roofline (docs/bench.md). What the graph does:
+- weights frozen in as constants; each matmul shape runs inductor's C++ GEMM template (AMX
+  micro-kernels) or oneDNN's prepacked matmul, whichever was faster when timed at compile time;
+- a C++ wrapper runs the kernels, with no Python between them;
+- the RMSNorm's mean and silu are ATen's own kernels, called from that wrapper (`_inductor`).
 
 `CompiledForward.build(model)` returns None for what it does not cover (MoE layers, token
 convolution, q/k norms, partial rotation, canvas models, logit soft-capping); `CloverModel.forward`
 uses it only for cached, unpadded, no-grad forwards with the mode's own visibility, and runs the
 eager layers (the reference) otherwise. The cache write, the visibility mask and the choice of
 positions needing logits stay in eager code shared with the reference, so both read the same
-slots. The results are eager's bit for bit (`emulate_precision_casts`, cos/sin from eager,
-`_residual`, `_norm`, `_silu_mul`); tests/test_compiled.py checks logits, keys and tokens.
+slots. The results are eager's bit for bit on this machine (`emulate_precision_casts`, cos/sin
+from eager, `_residual`, ATEN_KERNELS; the AMX GEMM template sums in the order oneDNN does);
+tests/test_compiled.py checks logits, keys and tokens.
 
 Weights are baked in at compile time: `CompiledForward` records each parameter's storage and
 version, and refuses to run (eager takes over) once any has changed (a merged adapter, `.to`).
-Compiling takes about a minute for SmolLM2's 30 layers on two cores, paid on the first forward of
-each batch shape class; `--compile` turns it on (off by default: a short job does not earn it back).
+Compiling and timing the GEMM choices takes about three minutes for SmolLM2's 30 layers on two
+cores, paid on the first forward of each batch shape class; `--compile` turns it on (off by
+default: a short job does not earn it back).
 """
 
 # Shapes: B batch, L new tokens, S key slots, D dim, H query heads, G kv heads, Dh head dim,
@@ -27,6 +31,7 @@ each batch shape class; `--compile` turns it on (off by default: a short job doe
 
 from __future__ import annotations
 
+import logging
 import types
 
 import torch
@@ -37,11 +42,49 @@ from clover.model.fused import PACKED_MAX_TOKENS
 from clover.model.layers import rms_norm
 from clover.model.moe import SwiGLU
 
-# Freezing is read before `torch.compile`'s options apply, so it is patched in around each call.
-OPTIONS = {"cpp_wrapper": True, "emulate_precision_casts": True,
-           # parameters are checked by `applies` (cheaper than dynamo's per-module guards);
-           # each stack has its own forward code, so its graphs are its own (`_own_class`)
-           "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+# Freezing is read before the inductor options apply, so it is patched in around each call.
+INDUCTOR_OPTIONS = {
+    "cpp_wrapper": True, "emulate_precision_casts": True,
+    # each matmul shape: inductor's C++ GEMM template (AMX micro-kernels here) or oneDNN's,
+    # whichever is faster when timed at compile time
+    "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+    # the cache's key does not see the lowerings replaced below (`_inductor`)
+    "fx_graph_cache": False}
+# Inductor's own mean kernel sums in another order than ATen's: on 8192 rows of SmolLM2's width
+# 2945 fp32 means differed in the last bit, and 3 of the bf16 norms after them. Such a flip
+# once made clover-smol-ar's logits leave eager's at the 76th new token of a test message
+# (layer 28's keys first), its greedy tokens at the 103rd. Inductor calls ATen's mean (and
+# silu, the other op replaced when that drift was found; no difference seen there) from its
+# C++ wrapper instead, with no Python between, as eager does.
+ATEN_KERNELS = (torch.ops.aten.mean.dim, torch.ops.aten.silu.default)
+
+
+def _inductor(gm, example_inputs):
+    """Inductor with INDUCTOR_OPTIONS, running ATEN_KERNELS as ATen calls: their
+    decompositions left out, and (for the graph compiled here only) their lowerings replaced
+    by inductor's fallback to the ATen kernel."""
+    from torch._inductor import lowering
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+
+    decompositions = {op: fn for op, fn in select_decomp_table().items()
+                      if op not in ATEN_KERNELS}
+    saved = {op: lowering.lowerings.get(op) for op in ATEN_KERNELS}
+    lowering.lowerings.update({op: lowering.fallback_handler(op, add_to_fallback_set=False)
+                               for op in ATEN_KERNELS})
+    quiet = logging.getLogger("torch._inductor.ir")  # "missing a c-shim" per fallback call:
+    level = quiet.level  # cpp_wrapper calls them through the C++ dispatcher
+    quiet.setLevel(logging.ERROR)
+    try:
+        return compile_fx(gm, example_inputs, config_patches=INDUCTOR_OPTIONS,
+                          decompositions=decompositions)
+    finally:
+        quiet.setLevel(level)
+        for op, fn in saved.items():
+            if fn is None:
+                lowering.lowerings.pop(op, None)
+            else:
+                lowering.lowerings[op] = fn
 
 
 def _residual(x: Tensor, y: Tensor) -> Tensor:
@@ -51,32 +94,6 @@ def _residual(x: Tensor, y: Tensor) -> Tensor:
     matmul's user the fold does not happen; an opaque custom op did the same 2.6 ms per step
     slower (a call back into Python each). tests/test_compiled.py checks the bits."""
     return x - -y
-
-
-@torch.library.custom_op("clover::rms_norm", mutates_args=())
-def _norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """`rms_norm` through ATen's kernels, opaque to inductor (see `_silu_mul`)."""
-    return rms_norm(x, weight, eps)
-
-
-@_norm.register_fake
-def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("clover::silu_mul", mutates_args=())
-def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) * up through ATen's kernels, opaque to inductor. Inductor's own norm and
-    silu kernels differ from ATen's in the last fp32 bit now and then, and in bf16 that
-    sometimes flips a rounding: on clover-smol-ar's second test message the logits left eager's
-    at the 76th new token (layer 28's keys first), and the greedy tokens at the 103rd. With
-    both as ATen calls the 120 steps checked were bit for bit eager's."""
-    return F.silu(gate) * up
-
-
-@_silu_mul.register_fake
-def _(gate: Tensor, up: Tensor) -> Tensor:
-    return torch.empty_like(gate)
 
 
 class _Stack(nn.Module):
@@ -105,7 +122,7 @@ class _Stack(nn.Module):
         x_BLD = m.embed(ids_BL)
         for i, layer in enumerate(m.layers):
             a, f = layer.attn, layer.ffn
-            h_BLD = _norm(x_BLD, layer.attn_norm.weight, cfg.norm_eps)
+            h_BLD = rms_norm(x_BLD, layer.attn_norm.weight, cfg.norm_eps)
             qkv_BLXD = F.linear(h_BLD, getattr(self, f"qkv{i}"),
                                 _cat_bias(a.q_proj, a.k_proj, a.v_proj)).view(B, L, H + 2 * G, Dh)
             qk_BLXD = m.rotary.apply(qkv_BLXD[:, :, :H + G], cos, sin)
@@ -119,10 +136,10 @@ class _Stack(nn.Module):
                                                  attn_mask=mask_B1LS, enable_gqa=G != H)
             x_BLD = _residual(x_BLD, F.linear(out.transpose(1, 2).reshape(B, L, H * Dh),
                                                   a.o_proj.weight))
-            h_BLD = _norm(x_BLD, layer.ffn_norm.weight, cfg.norm_eps)
+            h_BLD = rms_norm(x_BLD, layer.ffn_norm.weight, cfg.norm_eps)
             gate, up = F.linear(h_BLD, getattr(self, f"gate_up{i}")).chunk(2, dim=-1)
-            x_BLD = _residual(x_BLD, F.linear(_silu_mul(gate, up), f.down_proj.weight))
-        h_ND = _norm(x_BLD, m.norm.weight, cfg.norm_eps).reshape(B * L, -1)[sel_N]
+            x_BLD = _residual(x_BLD, F.linear(F.silu(gate) * up, f.down_proj.weight))
+        h_ND = rms_norm(x_BLD, m.norm.weight, cfg.norm_eps).reshape(B * L, -1)[sel_N]
         head = m.embed.weight if m.lm_head is None else m.lm_head.weight
         return F.linear(h_ND, head)
 
@@ -152,7 +169,10 @@ class CompiledForward:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.stack = _own_class(_Stack)(model)
-        self.fn = torch.compile(self.stack, dynamic=True, options=OPTIONS)
+        # parameters are checked by `applies` (cheaper than dynamo's per-module guards); each
+        # stack has its own forward code, so its graphs are its own (`_own_class`)
+        self.fn = torch.compile(self.stack, backend=_inductor, dynamic=True, options={
+            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self._params = list(model.parameters())
         self._state = self._identity()
 
