@@ -42,7 +42,8 @@ from clover.model.fused import PACKED_MAX_TOKENS
 from clover.model.layers import rms_norm
 from clover.model.moe import SwiGLU
 
-# Freezing is read before the inductor options apply, so it is patched in around each call.
+# Freezing (weights as constants, prepacked) must be on while dynamo traces, before the backend
+# runs (patched inside `_inductor` no GEMM template was chosen): it is patched around each call.
 INDUCTOR_OPTIONS = {
     "cpp_wrapper": True, "emulate_precision_casts": True,
     # each matmul shape: inductor's C++ GEMM template (AMX micro-kernels here) or oneDNN's,
