@@ -123,7 +123,7 @@ def test_bf16_norm_rounds_like_transformers_llama():
     transformers' LlamaRMSNorm: bitwise equal outputs (so greedy bf16 decodes agree)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from clover.model.transformer import RMSNorm
+    from clover.model.layers import RMSNorm
 
     ours, theirs = RMSNorm(64, 1e-5), LlamaRMSNorm(64, eps=1e-5)
     weight = torch.randn(64)

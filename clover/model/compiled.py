@@ -16,7 +16,7 @@ uses it only for cached, unpadded, no-grad forwards with the mode's own visibili
 eager layers (the reference) otherwise. The cache write, the visibility mask and the choice of
 positions needing logits stay in eager code shared with the reference, so both read the same
 slots. The results are eager's bit for bit on this machine (`emulate_precision_casts`, cos/sin
-from eager, `_residual`, ATEN_KERNELS; the AMX GEMM template sums in the order oneDNN does);
+from eager, `_residual`, ATEN_KERNELS; the AMX GEMM template gave oneDNN's bits in every check);
 tests/test_compiled.py checks logits, keys and tokens.
 
 Weights are baked in at compile time: `CompiledForward` records each parameter's storage and
@@ -43,7 +43,8 @@ from clover.model.layers import rms_norm
 from clover.model.moe import SwiGLU
 
 # Freezing (weights as constants, prepacked) must be on while dynamo traces, before the backend
-# runs (patched inside `_inductor` no GEMM template was chosen): it is patched around each call.
+# runs (patched inside `_inductor` no GEMM template was chosen): it is patched around each call
+# (`CompiledForward._freezing`, one patch object reused).
 INDUCTOR_OPTIONS = {
     "cpp_wrapper": True, "emulate_precision_casts": True,
     # each matmul shape: inductor's C++ GEMM template (AMX micro-kernels here) or oneDNN's,
@@ -147,7 +148,7 @@ class _Stack(nn.Module):
 
 def _own_class(cls: type) -> type:
     """A subclass whose forward has a code object of its own. Dynamo files compiled graphs
-    under the code object, and with the module guards filtered out (OPTIONS) two models'
+    under the code object, and with the module guards filtered out (`guard_filter_fn`) two models'
     stacks would otherwise share one graph, and with it the first model's frozen weights."""
     fn = cls.forward
     forward = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
@@ -176,6 +177,7 @@ class CompiledForward:
             "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self._params = list(model.parameters())
         self._state = self._identity()
+        self._freezing = torch._inductor.config.patch(freezing=True)  # made once: off the step
 
     @classmethod
     def build(cls, model: nn.Module) -> CompiledForward | None:
@@ -210,7 +212,7 @@ class CompiledForward:
                  else logits_mask_BL.reshape(-1).nonzero().squeeze(1))
         # the angles' cos and sin in eager: inductor's own cos / sin round differently
         cos, sin = self.model.rotary.cos_sin(pos_BL, self.model.embed.weight.dtype)
-        with torch._inductor.config.patch(freezing=True):
+        with self._freezing:
             logits = self.fn(ids_BL, cos, sin, mask_BLS[:, None], write.rows_N, write.slots_N,
                              read_B, sel_N, cache.k, cache.v)
         return logits.view(B, L, -1) if logits_mask_BL is None else logits

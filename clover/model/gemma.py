@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.config import ModelConfig
+from clover.model.layers import _rotate_half
 from clover.model.moe import Experts, MoEStats, grouped_experts
-from clover.model.transformer import KVCache, ModelOutput, _rotate_half
+from clover.model.transformer import KVCache, ModelOutput
 
 
 def gelu_tanh(x: Tensor) -> Tensor:

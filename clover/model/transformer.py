@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from clover.config import ModelConfig
 from clover.model.compiled import CompiledForward
 from clover.model.fused import FastLinear, linear
-from clover.model.layers import RMSNorm, Rotary, _rotate_half, rms_norm  # noqa: F401 (re-exported)
+from clover.model.layers import RMSNorm, Rotary
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
