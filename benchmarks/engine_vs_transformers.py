@@ -6,9 +6,9 @@ each dtype and batch size. Every repeat runs Clover and transformers back to bac
 so machine noise hits both alike; medians are reported, and the ratio is transformers' wall time
 over Clover's. The benchmark asserts both produced the same tokens (greedy, no EOS stop: both
 decode exactly --max-tokens). It also reports each rate against the weight-bandwidth roofline
-(every weight streamed once per step, at the bandwidth measured in the same run) and, with
---llama-bench PATH, llama.cpp's batch-1 decode rate on the same GGUF. Prints a table, then one
-JSON line.
+(every weight streamed once per step, at the read bandwidth measured just before each timed run)
+and, with --llama-bench PATH, llama.cpp's batch-1 decode rate on the same GGUF. Prints a table,
+then one JSON line.
 
     python benchmarks/engine_vs_transformers.py [--batch 1 8] [--dtypes fp32 bf16 int8]
         [--engines eager compiled] [--max-tokens 32] [--repeats 3] [--threads 2]
@@ -113,15 +113,19 @@ def first_mismatch(ours: list[list[int]], theirs: list[list[int]] | None) -> int
 
 
 def compare(llm: LLM, hf, prompts, new: int, repeats: int, allow_mismatch: bool) -> dict:
-    """Warm up both, then `repeats` interleaved runs; medians, and the tokens checked equal."""
+    """Warm up both, then `repeats` interleaved runs; medians, and the tokens checked equal.
+    Before each of Clover's runs the read bandwidth is measured again (`bandwidth_s`): on a
+    shared machine it drifts within a run, and each run is set against the bandwidth of its
+    moment (`row`'s roofline_share)."""
     ours = clover_decode(llm, prompts, new)
     theirs = hf_decode(hf, prompts, new) if hf is not None else None
     mismatch = first_mismatch(ours, theirs)
     if mismatch is not None and not allow_mismatch:
         raise AssertionError(f"Clover and transformers disagree from new token {mismatch} "
                              "(--allow-mismatch reports it instead)")
-    t_ours, t_theirs = [], []
+    t_ours, t_theirs, bandwidth = [], [], []
     for _ in range(repeats):
+        bandwidth.append(memory_bandwidth(seconds=0.5))
         t_ours.append(timed(clover_decode, llm, prompts, new))
         if hf is not None:
             t_theirs.append(timed(hf_decode, hf, prompts, new))
@@ -131,18 +135,26 @@ def compare(llm: LLM, hf, prompts, new: int, repeats: int, allow_mismatch: bool)
             "hf_s": med(t_theirs, 0),
             "hf_best_s": min(t[0] for t in t_theirs) if t_theirs else None,
             "same_tokens": None if theirs is None else mismatch is None,
-            "first_mismatch": mismatch}
+            "first_mismatch": mismatch, "clover_runs_s": [t[0] for t in t_ours],
+            "bandwidth_runs": bandwidth}
 
 
 def row(dtype: str, batch: int, new: int, res: dict, weight_bytes: int, bandwidth: float,
         bandwidth_cpu: float) -> dict:
-    """One table row; the CPU-time roofline share uses the bandwidth timed by CPU time too."""
+    """One table row. roofline_share: the median over runs of (every weight streamed once at the
+    bandwidth measured just before the run) / (the run's time per step); roofline_share_start:
+    the median time per step against the bandwidth measured at the start of the benchmark;
+    roofline_share_cpu: CPU time per step against the bandwidth timed by CPU time."""
     tokens = batch * new
-    floor_s = weight_bytes / bandwidth  # one step streams every weight once
+    shares = [weight_bytes / bw / (t / new)
+              for bw, t in zip(res["bandwidth_runs"], res["clover_runs_s"], strict=True)]
     out = {"dtype": dtype, "batch": batch, "new_tokens": new,
            "clover_tok_s": round(tokens / res["clover_s"], 2),
            "clover_ms_per_step": round(1000 * res["clover_s"] / new, 2),
-           "roofline_share": round(floor_s / (res["clover_s"] / new), 3),
+           "roofline_share": round(statistics.median(shares), 3),
+           "roofline_share_runs": [round(x, 3) for x in shares],
+           "bandwidth_runs_gbs": [round(bw / 1e9, 2) for bw in res["bandwidth_runs"]],
+           "roofline_share_start": round(weight_bytes / bandwidth / (res["clover_s"] / new), 3),
            "clover_best_ms_per_step": round(1000 * res["clover_best_s"] / new, 2),
            "clover_cpu_ms_per_step": round(1000 * res["clover_cpu_s"] / new, 2),
            "roofline_share_cpu": round(weight_bytes / bandwidth_cpu / (res["clover_cpu_s"] / new),
@@ -207,8 +219,8 @@ def print_table(out: dict) -> None:
           f"{out['machine']['bandwidth_gbs']} GB/s; matmul peak {out['machine']['matmul_gflops']}"
           " GFLOP/s")
     head = ("dtype", "batch", "engine", "clover tok/s", "ms/step (best)", "cpu ms/step",
-            "roofline (cpu)", "hf tok/s", "hf ms/step (best)", "hf cpu ms/step", "x hf (cpu)",
-            "same tokens")
+            "roofline (start, cpu)", "hf tok/s", "hf ms/step (best)", "hf cpu ms/step",
+            "x hf (cpu)", "same tokens")
     print(" | ".join(head))
     for r in out["results"]:
         hf_ms = f"{r['hf_ms_per_step']} ({r['hf_best_ms_per_step']})" if "hf_tok_s" in r else "-"
@@ -216,7 +228,8 @@ def print_table(out: dict) -> None:
         cells = (r["dtype"], r["batch"], r["engine"], r["clover_tok_s"],
                  f"{r['clover_ms_per_step']} ({r['clover_best_ms_per_step']})",
                  r["clover_cpu_ms_per_step"],
-                 f"{100 * r['roofline_share']:.0f}% ({100 * r['roofline_share_cpu']:.0f}%)",
+                 f"{100 * r['roofline_share']:.0f}% ({100 * r['roofline_share_start']:.0f}%, "
+                 f"{100 * r['roofline_share_cpu']:.0f}%)",
                  r.get("hf_tok_s", "-"), hf_ms, r.get("hf_cpu_ms_per_step", "-"), ratio,
                  r["same_tokens"])
         print(" | ".join(str(c) for c in cells))

@@ -181,6 +181,19 @@ def test_batch_invariance_at_temperature_zero(mode):
     assert [o.token_ids for o in llm.generate(prompts, params)] == alone
 
 
+def test_a_batch_mixing_entropy_and_threshold_rows_decodes_each_as_alone():
+    """The entropy is computed only when a row's policy reads it (a greedy threshold step skips
+    it); a batch mixing such rows gives each row the tokens it gets alone."""
+    model = _sharpen(_model("block"))
+    llm = LLM(model, device="cpu", max_batch_size=4)
+    params = [SamplingParams(max_tokens=12, policy=policy, tau=0.5, gamma=1.0)
+              for policy in ("entropy", "threshold", "entropy", "threshold")]
+    alone = [llm.generate([p], q)[0].token_ids for p, q in zip(PROMPTS, params, strict=True)]
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == alone
+    for prompt, q, out in zip(PROMPTS, params, alone, strict=True):
+        assert out == reference_generate(model, prompt, q)
+
+
 def test_batch_larger_than_rows_queues_and_reuses_rows():
     """More requests than cache rows: they wait, then take freed rows, with the same answers."""
     model = _sharpen(_model("block"))

@@ -16,7 +16,7 @@ import torch
 from clover.config import PRESETS, get_preset
 from clover.engine.logprobs import output_logprobs, record_logprobs, wants_logprobs
 from clover.engine.params import SamplingParams
-from clover.engine.policies import POLICIES, UNIFORM_POLICIES, Proposal
+from clover.engine.policies import ENTROPY_POLICIES, POLICIES, UNIFORM_POLICIES, Proposal
 from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import CompletionOutput, Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
@@ -227,7 +227,9 @@ class Engine:
         params = [p.request.params for p in batch.rows]
         rows = [RowSampling(q.temperature, q.top_p, q.top_k, p.request.generator)
                 for q, p in zip(params, batch.rows, strict=True)]
-        tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id)
+        entropy = any(q.policy in ENTROPY_POLICIES for q in params)
+        tokens_N, conf_N, ent_N = propose(run.logits_NV, run.row_of, rows, self.config.mask_id,
+                                          entropy)
         return self._proposal(run, batch, tokens_N, conf_N, ent_N)
 
     def _propose_uniform(self, run: RunOutput, batch: ScheduledBatch) -> Proposal:

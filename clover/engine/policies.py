@@ -20,7 +20,8 @@ from torch import Tensor
 class Proposal:
     tokens_BM: Tensor  # proposed token per masked position
     conf_BM: Tensor  # probability of the proposed token
-    entropy_BM: Tensor  # entropy of the position's distribution (nats)
+    entropy_BM: Tensor  # entropy of the position's distribution (nats); NaN unless a row's
+    # policy reads it (ENTROPY_POLICIES): the rest of a greedy step is cheaper than computing it
     masked_BM: Tensor  # True where the slot is a real masked position
     # per-row knobs, from each request's SamplingParams
     tau_B: Tensor
@@ -110,5 +111,7 @@ POLICIES: dict[str, type] = {
     "entropy": EntropyPolicy,
     "entropy_bound": EntropyBoundPolicy,
 }
+# policies that read the proposals' entropy (the others get NaN there)
+ENTROPY_POLICIES = ("entropy", "entropy_bound")
 # policies for uniform canvases (no mask ids; nothing committed before the block ends)
 UNIFORM_POLICIES = ("entropy_bound",)

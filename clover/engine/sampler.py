@@ -24,14 +24,15 @@ class RowSampling:
 
 
 def propose(logits_NV: Tensor, row_of: list[int], rows: list[RowSampling],
-            mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(tokens_N, conf_N, entropy_N) for positions whose request is rows[row_of[n]]."""
+            mask_id: int, entropy: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """(tokens_N, conf_N, entropy_N) for positions whose request is rows[row_of[n]].
+    `entropy=False`: entropy_N is NaN (no policy of these rows reads it)."""
     logits_NV = logits_NV.float()
     logits_NV[:, mask_id] = float("-inf")
     if all(r.temperature == 0 for r in rows):
         logp_NV = torch.log_softmax(logits_NV, -1)
         conf_logp_N, tokens_N = logp_NV.max(-1)
-        return tokens_N, conf_logp_N.exp(), _entropy(logp_NV)
+        return tokens_N, conf_logp_N.exp(), _entropy(logp_NV, entropy)
     temp_N = logits_NV.new_tensor([rows[i].temperature or 1.0 for i in row_of])
     logits_NV = _filter(logits_NV / temp_N[:, None], row_of, rows)
     logp_NV = torch.log_softmax(logits_NV, -1)
@@ -43,10 +44,12 @@ def propose(logits_NV: Tensor, row_of: list[int], rows: list[RowSampling],
                 draws = torch.multinomial(logp_NV[sel].exp().cpu(), 1, generator=r.generator)
                 tokens_N[sel.to(tokens_N.device)] = draws[:, 0].to(tokens_N.device)
     conf_N = logp_NV.gather(-1, tokens_N[:, None])[:, 0].exp()
-    return tokens_N, conf_N, _entropy(logp_NV)
+    return tokens_N, conf_N, _entropy(logp_NV, entropy)
 
 
-def _entropy(logp_NV: Tensor) -> Tensor:
+def _entropy(logp_NV: Tensor, wanted: bool = True) -> Tensor:
+    if not wanted:
+        return logp_NV.new_full(logp_NV.shape[:-1], float("nan"))
     p_NV = logp_NV.exp()
     return -(p_NV * logp_NV.masked_fill(p_NV == 0, 0.0)).sum(-1)
 

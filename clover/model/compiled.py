@@ -32,6 +32,7 @@ default: a short job does not earn it back).
 from __future__ import annotations
 
 import logging
+import operator
 import types
 
 import torch
@@ -87,6 +88,9 @@ def _inductor(gm, example_inputs):
                 lowering.lowerings.pop(op, None)
             else:
                 lowering.lowerings[op] = fn
+
+
+_VERSION = operator.attrgetter("_version")
 
 
 def _residual(x: Tensor, y: Tensor) -> Tensor:
@@ -198,9 +202,9 @@ class CompiledForward:
                 and not return_hidden and not torch.is_grad_enabled()
                 and self._identity() == self._state)
 
-    def _identity(self) -> list[tuple[int, int]]:
+    def _identity(self) -> tuple[list[int], list[int]]:
         """Each parameter's storage and version (a new dtype or device is new storage)."""
-        return [(p.data_ptr(), p._version) for p in self._params]
+        return list(map(Tensor.data_ptr, self._params)), list(map(_VERSION, self._params))
 
     def __call__(self, ids_BL: Tensor, pos_BL: Tensor, mask_BLS: Tensor, write, cache,
                  logits_mask_BL: Tensor | None) -> Tensor:
