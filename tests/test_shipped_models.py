@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = Path(__file__).with_name("data") / "shipped_models.json"
 MODELS = ("clover-smol", "clover-smol-ar")
-MESSAGES = 3
+MESSAGES = 2
 MAX_TOKENS = 200
 
 
