@@ -41,3 +41,32 @@ def test_sweep_times_every_point_against_a_measured_roofline(tmp_path):
     assert "predicted dLLM/AR" in render(results)
     pytest.importorskip("matplotlib")
     assert plot(results, tmp_path / "f.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_compiled_rows_sit_beside_the_eager_ones(tmp_path, monkeypatch):
+    """`--compile`: a dense model gets compiled points for the lengths the graph takes (L <= 16)
+    beside eager ones for every length, each engine with its own predicted ratios; int8 and
+    longer blocks stay eager only; a model the graph does not cover is a clear error."""
+    from clover.model import compiled
+
+    monkeypatch.setattr(compiled, "INDUCTOR_OPTIONS",  # oneDNN untimed: a shorter compile
+                        {**compiled.INDUCTOR_OPTIONS, "max_autotune": False})
+    dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
+    path = save(build_model(get_preset("tiny", attention="block", block_size=4, **dense)), None,
+                tmp_path / "m")
+    cfg = ForwardConfig(model=str(path), precisions=("bf16", "int8"), batch_sizes=(1,),
+                        lengths=(1, 4, 32), context=8, repeats=1, engines=("eager", "compiled"))
+    results = sweep(cfg, progress=lambda _: None)
+    got = {(p["precision"], p["engine"], p["length"]) for p in results["points"]}
+    assert got == {(q, "eager", n) for q in ("bf16", "int8") for n in (1, 4, 32)} | {
+        ("bf16", "compiled", 1), ("bf16", "compiled", 4)}
+    assert {(r["engine"], r["length"]) for r in results["predicted_dllm_over_ar"]
+            if r["precision"] == "bf16"} == {("eager", 4), ("eager", 32), ("compiled", 4)}
+    assert results["compile_s"]["bf16"] > 0 and "compiled" in render(results)
+    moe = save(build_model(get_preset("tiny")), None, tmp_path / "moe")
+    with pytest.raises(ValueError, match="--compile"):
+        sweep(ForwardConfig(model=str(moe), precisions=("bf16",), batch_sizes=(1,), lengths=(1,),
+                            context=8, repeats=1, engines=("compiled",)), progress=lambda _: None)
+    with pytest.raises(ValueError, match="--engines"):
+        ForwardConfig(engines=("fast",))

@@ -61,7 +61,8 @@ def _forward(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in ("precisions", "batch_sizes", "lengths", "context",
                                            "repeats", "tpf", "clock")
              if getattr(args, k) is not None}
-    cfg = ForwardConfig(model=args.model or "", out=args.out or "", **given)
+    engines = ("eager", "compiled") if args.compile else ("eager",)
+    cfg = ForwardConfig(model=args.model or "", out=args.out or "", engines=engines, **given)
     if args.threads:
         torch.set_num_threads(args.threads)
     log = (lambda _: None) if args.no_progress else (lambda m: print(m, file=sys.stderr))
@@ -143,7 +144,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"agent turns per message (default {d.max_turns})")
     add_grammar_flag(p)
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
-    p.add_argument("--compile", action="store_true", help="compiled forwards (LLM(compile=True))")
+    p.add_argument("--compile", action="store_true",
+                   help="compiled forwards (LLM(compile=True)); forward: the compiled rows "
+                        "beside the eager ones")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")

@@ -8,6 +8,10 @@ must stream every weight once (bytes / bandwidth) and do 2 x params x tokens FLO
 peak); the slower of the two is its floor. From the table, the predicted dLLM/AR speed ratio at
 a given TPF (tokens committed per forward) is TPF x t(1) / t(L). Prints a table and one JSON line;
 writes forward.json and forward.png. It times the model only (no engine, no sampling).
+
+`--compile` adds the compiled forward (clover/model/compiled.py) beside the eager one, for the
+fp32 and bf16 points of L <= PACKED_MAX_TOKENS (above it, and for int8 weights, forwards run
+eager anyway). Its compile time lands in the warm-up round and is reported as `compile_s`.
 """
 
 # Shapes: B batch, L new tokens, C context
@@ -24,6 +28,10 @@ import torch
 from clover.bench.machine import features_line, machine_peaks, streamed_weight_bytes
 from clover.bench.quant import PRECISIONS, load_model_at
 from clover.model import CloverModel, KVCache
+from clover.model.fused import PACKED_MAX_TOKENS
+
+ENGINES = ("eager", "compiled")
+COMPILED_PRECISIONS = ("fp32", "bf16")  # the graph takes plain weights (no int8 tensors)
 
 
 @dataclass(kw_only=True)
@@ -36,6 +44,7 @@ class ForwardConfig:
     repeats: int = 5
     tpf: tuple[float, ...] = (2.0, 4.0, 8.0, 12.0)
     clock: str = "wall"  # wall | cpu (this process's CPU time; see time_forwards)
+    engines: tuple[str, ...] = ("eager",)  # and/or "compiled" (`--compile`: both)
     out: str = ""
 
     def __post_init__(self) -> None:
@@ -46,7 +55,9 @@ class ForwardConfig:
                   (self.context >= 1, "--context", "must be >= 1"),
                   (self.repeats >= 1, "--repeats", "must be >= 1"),
                   (all(t > 0 for t in self.tpf), "--tpf", "must be > 0"),
-                  (self.clock in ("wall", "cpu"), "--clock", "must be wall or cpu")]
+                  (self.clock in ("wall", "cpu"), "--clock", "must be wall or cpu"),
+                  (bool(self.engines) and set(self.engines) <= set(ENGINES), "--engines",
+                   f"choose from {ENGINES}")]
         for ok, flag, why in checks:
             if not ok:
                 raise ValueError(f"{flag} {why}")
@@ -61,9 +72,11 @@ class Point:
     floor_ms: float  # roofline: max(weight bytes / bandwidth, FLOPs / matmul peak)
     bound: str  # memory | compute: which side of the roofline the floor is on
     extra: dict = field(default_factory=dict)
+    engine: str = "eager"
 
     def as_dict(self) -> dict:
-        return {"precision": self.precision, "batch": self.batch, "length": self.length,
+        return {"precision": self.precision, "engine": self.engine, "batch": self.batch,
+                "length": self.length,
                 "ms": round(self.ms, 3), "floor_ms": round(self.floor_ms, 3),
                 "roofline_share": round(self.floor_ms / self.ms, 3), "bound": self.bound,
                 **self.extra}
@@ -106,44 +119,63 @@ def matmul_params(model: CloverModel) -> int:
 
 
 def sweep(cfg: ForwardConfig, progress=print) -> dict:
-    """Every (precision, batch, length) point, with the machine's peaks measured first."""
+    """Every (precision, engine, batch, length) point, with the machine's peaks measured first."""
     from clover.checkpoint.base import ensure_base
 
     path = cfg.model or str(ensure_base())
     peaks = machine_peaks(cpu_clock=cfg.clock == "cpu")
-    points = []
+    points, compile_s = [], {}
     for precision in cfg.precisions:
-        model = load_model_at(path, precision, torch.device("cpu"))
-        model.fuse_projections()
-        weight_bytes, params = streamed_weight_bytes(model), matmul_params(model)
-        peak = peaks["matmul_gflops"][str(_float_dtype(model)).removeprefix("torch.")] * 1e9
-        for batch in cfg.batch_sizes:
-            runs = time_forwards(model, batch, cfg.lengths, cfg.context, cfg.repeats,
-                                 cfg.clock == "cpu")
-            for length, ms in runs.items():
-                mem_ms = 1000 * weight_bytes / (peaks["bandwidth_gbs"] * 1e9)
-                flop_ms = 1000 * 2 * params * batch * length / peak
-                points.append(Point(precision, batch, length, statistics.median(ms),
-                                    max(mem_ms, flop_ms),
-                                    "memory" if mem_ms >= flop_ms else "compute",
-                                    {"best_ms": round(min(ms), 3)}))
-                progress(f"{precision} B={batch} L={length}: median {points[-1].ms:.1f} ms")
-        del model
+        for engine in cfg.engines:
+            lengths = cfg.lengths if engine == "eager" else tuple(
+                n for n in cfg.lengths if n <= PACKED_MAX_TOKENS)
+            if engine == "compiled" and (precision not in COMPILED_PRECISIONS or not lengths):
+                continue
+            model = load_model_at(path, precision, torch.device("cpu"))
+            model.fuse_projections()
+            if engine == "compiled" and not model.compile_forward():
+                raise ValueError(f"--compile: {path} has parts the compiled forward does not "
+                                 "cover (MoE layers, q/k norms, ...)")
+            t0 = time.perf_counter()
+            points += _points(model, precision, engine, lengths, cfg, peaks, progress)
+            if engine == "compiled":  # the warm-up rounds compiled each shape class
+                compile_s[precision] = round(time.perf_counter() - t0, 1)
+            del model
     return {"bench": "forward", "model": Path(path).name, "context": cfg.context,
             "repeats": cfg.repeats, "clock": cfg.clock, "machine": peaks,
+            "engines": list(cfg.engines), "compile_s": compile_s,
             "points": [p.as_dict() for p in points],
             "predicted_dllm_over_ar": predicted_ratios(points, cfg.tpf)}
 
 
+def _points(model: CloverModel, precision: str, engine: str, lengths: tuple[int, ...],
+            cfg: ForwardConfig, peaks: dict, progress) -> list[Point]:
+    """The timed points of one loaded model, every batch size and length."""
+    weight_bytes, params = streamed_weight_bytes(model), matmul_params(model)
+    peak = peaks["matmul_gflops"][str(_float_dtype(model)).removeprefix("torch.")] * 1e9
+    points = []
+    for batch in cfg.batch_sizes:
+        runs = time_forwards(model, batch, lengths, cfg.context, cfg.repeats, cfg.clock == "cpu")
+        for length, ms in runs.items():
+            mem_ms = 1000 * weight_bytes / (peaks["bandwidth_gbs"] * 1e9)
+            flop_ms = 1000 * 2 * params * batch * length / peak
+            points.append(Point(precision, batch, length, statistics.median(ms),
+                                max(mem_ms, flop_ms), "memory" if mem_ms >= flop_ms else "compute",
+                                {"best_ms": round(min(ms), 3)}, engine))
+            progress(f"{precision} {engine} B={batch} L={length}: median {points[-1].ms:.1f} ms")
+    return points
+
+
 def predicted_ratios(points: list[Point], tpfs: tuple[float, ...]) -> list[dict]:
     """dLLM/AR speed at each TPF: a block of L costs t(L) for TPF tokens, AR t(1) per token."""
-    one = {(p.precision, p.batch): p.ms for p in points if p.length == 1}
+    one = {(p.precision, p.engine, p.batch): p.ms for p in points if p.length == 1}
     rows = []
     for p in points:
-        if p.length > 1 and (p.precision, p.batch) in one:
-            ratio = {str(t): round(t * one[(p.precision, p.batch)] / p.ms, 2) for t in tpfs}
-            rows.append({"precision": p.precision, "batch": p.batch, "length": p.length,
-                         "cost_vs_one_token": round(p.ms / one[(p.precision, p.batch)], 2),
+        key = (p.precision, p.engine, p.batch)
+        if p.length > 1 and key in one:
+            ratio = {str(t): round(t * one[key] / p.ms, 2) for t in tpfs}
+            rows.append({"precision": p.precision, "engine": p.engine, "batch": p.batch,
+                         "length": p.length, "cost_vs_one_token": round(p.ms / one[key], 2),
                          "ratio_at_tpf": ratio})
     return rows
 
@@ -153,15 +185,16 @@ def render(results: dict) -> str:
     lines = [f"machine: {features_line(m)}; bandwidth {m['bandwidth_gbs']} GB/s; matmul peak "
              f"{m['matmul_gflops']} GFLOP/s; context {results['context']} tokens; "
              f"{results['clock']} clock",
-             "precision | batch | L | median ms | best ms | floor ms | roofline | bound"]
+             "precision | engine | batch | L | median ms | best ms | floor ms | roofline | bound"]
     for p in results["points"]:
-        lines.append(f"{p['precision']} | {p['batch']} | {p['length']} | {p['ms']} | "
-                     f"{p['best_ms']} | "
+        lines.append(f"{p['precision']} | {p.get('engine', 'eager')} | {p['batch']} | "
+                     f"{p['length']} | {p['ms']} | {p['best_ms']} | "
                      f"{p['floor_ms']} | {100 * p['roofline_share']:.0f}% | {p['bound']}")
     lines.append("predicted dLLM/AR speed (TPF x t(1) / t(L)):")
     for r in results["predicted_dllm_over_ar"]:
         ratios = ", ".join(f"TPF {t}: {v}x" for t, v in r["ratio_at_tpf"].items())
-        lines.append(f"  {r['precision']} B={r['batch']} L={r['length']} (block costs "
+        lines.append(f"  {r['precision']} {r.get('engine', 'eager')} B={r['batch']} "
+                     f"L={r['length']} (block costs "
                      f"{r['cost_vs_one_token']}x one token): {ratios}")
     return "\n".join(lines) + "\n"
 
@@ -177,10 +210,11 @@ def plot(results: dict, path: Path) -> Path:
     fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(11, 4.2))
     series: dict[tuple, list[dict]] = {}
     for p in results["points"]:
-        series.setdefault((p["precision"], p["batch"]), []).append(p)
-    for (precision, batch), pts in series.items():
+        series.setdefault((p["precision"], p.get("engine", "eager"), p["batch"]), []).append(p)
+    for (precision, engine, batch), pts in series.items():
         xs = [p["length"] for p in pts]
-        ax_t.plot(xs, [p["ms"] for p in pts], marker="o", label=f"{precision}, batch {batch}")
+        ax_t.plot(xs, [p["ms"] for p in pts], marker="o", label=f"{precision} {engine}, batch "
+                  f"{batch}", linestyle="--" if engine == "compiled" else "-")
         ax_r.plot(xs, [100 * p["roofline_share"] for p in pts], marker="o")
     for ax, label in ((ax_t, "ms per cached forward"), (ax_r, "% of roofline")):
         ax.set_xscale("log", base=2)
