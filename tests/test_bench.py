@@ -163,6 +163,7 @@ def test_sweep_prints_a_table_then_one_json_line(bench_run):
                     "full_task_s", "first_usable_s", "peak_memory_bytes", "model_s",
                     "policy_s", "grammar_s", "other_s", "peak_fraction", "spread"):
             assert key in p, key
+        assert p["graphs_compiled_in_run"] == 0  # eager: nothing compiles
     assert result["points"][1]["speedup_vs_ar"] > 0
     assert set(result["matmul_peak_flops_per_s"]) == {"torch.float32"}
     assert result["weights"]["dllm fp32"]["quantized_fraction"] == 0.0

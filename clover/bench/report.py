@@ -77,9 +77,12 @@ def render_table(results: dict[str, Any]) -> str:
         console.print(table)
     peak = ", ".join(f"{k.removeprefix('torch.')} {v / 1e9:.1f} GFLOP/s"
                      for k, v in results["matmul_peak_flops_per_s"].items())
+    compiled_in_run = [p["key"] for p in results["points"] if p.get("graphs_compiled_in_run")]
+    warn = (f"compiled inside the timed run (a shape the warm-up did not meet; its times include "
+            f"compiling): {', '.join(compiled_in_run)}\n" if compiled_in_run else "")
     return (headline(results) + "\n" + cap.get()
             + f"matmul peak: {peak}; split = model/policy/grammar/other share of the full task "
-              f"time; x AR = AR full task time / this point's, per repeat\n")
+              f"time; x AR = AR full task time / this point's, per repeat\n" + warn)
 
 
 def markdown_table(points: list[dict]) -> str:
