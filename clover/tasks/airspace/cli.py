@@ -97,7 +97,8 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else split_examples(args.split, args.n, args.seed))
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    params = SamplingParams(policy=args.policy, tau=args.tau, max_tokens=args.max_tokens,
+    params = SamplingParams(policy=args.policy, tau=args.tau, gamma=args.gamma,
+                            max_tokens=args.max_tokens,
                             structured=tool_constraint() if args.grammar else None)
     run = run_agent(llm, examples, params, max_turns=args.max_turns)
     preds = predictions(run)
@@ -110,7 +111,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
                                      "fields": round(part["field_accuracy"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
     result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
-                  policy=args.policy, tau=args.tau, grammar=args.grammar,
+                  policy=args.policy, tau=args.tau, gamma=args.gamma, grammar=args.grammar,
                   grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
                   full_task_s=round(run.full_task_s, 1),
                   tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
@@ -173,8 +174,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--n", type=int, default=500, help="number of examples")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--messages", default=None, help="JSONL {id, text, zones} instead of a split")
-    e.add_argument("--policy", default="threshold")
+    e.add_argument("--policy", default="threshold",
+                   help="threshold (--tau) | topk | entropy (--gamma): clover.engine.policies")
     e.add_argument("--tau", type=float, default=0.9)
+    e.add_argument("--gamma", type=float, default=0.5,
+                   help="entropy policy: summed-entropy budget per step (nats)")
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=ANSWER_MAX_TOKENS,
                    help=f"per turn (default {ANSWER_MAX_TOKENS}: the longest gold answer fits)")
     e.add_argument("--max-turns", dest="max_turns", type=int, default=2)
