@@ -51,7 +51,8 @@ INDUCTOR_OPTIONS = {
     # each matmul shape: inductor's C++ GEMM template (AMX micro-kernels here) or oneDNN's,
     # whichever is faster when timed at compile time
     "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-    "autotune_num_choices_displayed": 0,  # no timing table per matmul shape on stderr
+    # no timing table, nor a stats line, per matmul shape on stderr
+    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False,
     # the cache's key does not see the lowerings replaced below (`_inductor`)
     "fx_graph_cache": False}
 # Inductor's own mean kernel sums in another order than ATen's: on 8192 rows of SmolLM2's width
