@@ -46,8 +46,8 @@ def test_sweep_times_every_point_against_a_measured_roofline(tmp_path):
 @pytest.mark.slow
 def test_compiled_rows_sit_beside_the_eager_ones(tmp_path, monkeypatch):
     """`--compile`: a dense model gets compiled points for the lengths the graph takes (L <= 16)
-    beside eager ones for every length, each engine with its own predicted ratios; int8 and
-    longer blocks stay eager only; a model the graph does not cover is a clear error."""
+    beside eager ones for every length; longer blocks stay eager only; a model the graph does
+    not cover is a clear error. (One graph class, L = 1, to keep the compile short.)"""
     from clover.model import compiled
 
     monkeypatch.setattr(compiled, "INDUCTOR_OPTIONS",  # oneDNN untimed: a shorter compile
@@ -55,15 +55,14 @@ def test_compiled_rows_sit_beside_the_eager_ones(tmp_path, monkeypatch):
     dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
     path = save(build_model(get_preset("tiny", attention="block", block_size=4, **dense)), None,
                 tmp_path / "m")
-    cfg = ForwardConfig(model=str(path), precisions=("bf16", "int8"), batch_sizes=(1,),
-                        lengths=(1, 4, 32), context=8, repeats=1, engines=("eager", "compiled"))
+    cfg = ForwardConfig(model=str(path), precisions=("bf16",), batch_sizes=(1,),
+                        lengths=(1, 32), context=8, repeats=1, engines=("eager", "compiled"))
     results = sweep(cfg, progress=lambda _: None)
-    got = {(p["precision"], p["engine"], p["length"]) for p in results["points"]}
-    assert got == {(q, "eager", n) for q in ("bf16", "int8") for n in (1, 4, 32)} | {
-        ("bf16", "compiled", 1), ("bf16", "compiled", 4)}
-    assert {(r["engine"], r["length"]) for r in results["predicted_dllm_over_ar"]
-            if r["precision"] == "bf16"} == {("eager", 4), ("eager", 32), ("compiled", 4)}
-    assert results["compile_s"]["bf16"] > 0 and "compiled" in render(results)
+    assert [(p["engine"], p["length"]) for p in results["points"]] == [
+        ("eager", 1), ("eager", 32), ("compiled", 1)]
+    assert [(r["engine"], r["length"]) for r in results["predicted_dllm_over_ar"]] == [
+        ("eager", 32)]
+    assert results["compile_s"]["bf16"] > 0 and "| compiled |" in render(results)
     moe = save(build_model(get_preset("tiny")), None, tmp_path / "moe")
     with pytest.raises(ValueError, match="--compile"):
         sweep(ForwardConfig(model=str(moe), precisions=("bf16",), batch_sizes=(1,), lengths=(1,),

@@ -144,12 +144,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"agent turns per message (default {d.max_turns})")
     add_grammar_flag(p)
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
-    p.add_argument("--compile", action="store_true",
-                   help="compiled forwards (LLM(compile=True)); forward: the compiled rows "
-                        "beside the eager ones")
+    p.add_argument("--compile", action="store_true", help="compiled forwards (LLM(compile="
+                   "True)); forward: the compiled rows beside the eager ones")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")
+    _forward_flags(p)
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_bench)
+
+
+def _forward_flags(p: argparse.ArgumentParser) -> None:
+    """The flags only `bench forward` reads."""
     p.add_argument("--lengths", type=_list(int), default=None,
                    help="forward: new tokens per row, L (default 1,8,32,64)")
     p.add_argument("--context", type=int, default=None,
@@ -159,9 +166,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clock", default=None, choices=["wall", "cpu"],
                    help="forward: time by wall clock (default) or this process's CPU time "
                         "(steadier on a shared machine)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=_bench)
 
 
 def _csv(values: tuple) -> str:
