@@ -55,8 +55,9 @@ def test_compiled_rows_sit_beside_the_eager_ones(tmp_path, monkeypatch):
     dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
     path = save(build_model(get_preset("tiny", attention="block", block_size=4, **dense)), None,
                 tmp_path / "m")
-    cfg = ForwardConfig(model=str(path), precisions=("bf16",), batch_sizes=(1,),
-                        lengths=(1, 32), context=8, repeats=1, engines=("eager", "compiled"))
+    cfg = ForwardConfig(model=str(path), precisions=("bf16",), batch_sizes=(1,),  # context
+                        lengths=(1, 32), context=24, repeats=1,  # > 16: its prefill is eager
+                        engines=("eager", "compiled"))
     results = sweep(cfg, progress=lambda _: None)
     assert [(p["engine"], p["length"]) for p in results["points"]] == [
         ("eager", 1), ("eager", 32), ("compiled", 1)]
