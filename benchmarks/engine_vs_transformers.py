@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 from clover.bench.machine import (
     features_line,
+    llama_bench,
     machine_peaks,
     memory_bandwidth,
     streamed_weight_bytes,
@@ -169,16 +169,6 @@ def row(dtype: str, batch: int, new: int, res: dict, weight_bytes: int, bandwidt
                 "speedup_vs_hf": round(res["hf_s"] / res["clover_s"], 2),
                 "speedup_vs_hf_cpu": round(res["hf_cpu_s"] / res["clover_cpu_s"], 2)}
     return out
-
-
-def llama_bench(binary: str, gguf: Path, threads: int) -> dict:
-    """llama.cpp's own benchmark: batch-1 decode of 32 tokens (tg32), 3 repetitions."""
-    cmd = [binary, "-m", str(gguf), "-p", "0", "-n", "32", "-r", "3", "-t", str(threads),
-           "-o", "json"]
-    runs = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    tg = next(r for r in runs if r.get("n_gen", 0) > 0)
-    return {"llama_cpp_tok_s": round(tg["avg_ts"], 2), "llama_cpp_build": tg.get("build_commit"),
-            "llama_cpp_model": tg.get("model_type"), "threads": threads}
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -303,3 +303,38 @@ def test_grammar_bench_extraction_is_always_valid_under_its_schema():
     assert result["tokens"] > 0 and result["grammar_s"] > 0
     # random weights rarely close the object within max_tokens; every one that does is valid
     assert result["validity"] * len(examples) >= result["finished_stop"]
+
+
+def _fake_llama_bench(path, tok_s: float):
+    """A stand-in for llama.cpp's llama-bench: its JSON output (-o json) for a tg32 run."""
+    runs = [{"n_prompt": 0, "n_gen": 32, "avg_ts": tok_s, "build_commit": "fake",
+             "model_type": "llama 135M Q4_1"}]
+    path.write_text(f"#!/bin/sh\necho '{json.dumps(runs)}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_llama_cpp_rate_sits_beside_each_points_task_rate(bench_run, tmp_path):
+    """--llama-bench: llama.cpp's decode rate, parsed from its own JSON, and each point's TPS
+    over it, in the document and under the table; a path that is not llama-bench is a clear
+    error naming the flag."""
+    from clover.bench.harness import add_llama_cpp, check_inputs
+    from clover.bench.machine import llama_bench
+    from clover.bench.report import render_table
+
+    _, out, _ = bench_run
+    doc = json.loads((out / "results.json").read_text())
+    llama = llama_bench(_fake_llama_bench(tmp_path / "llama-bench", 250.0), tmp_path / "m.gguf",
+                        2)
+    assert llama["llama_cpp_tok_s"] == 250.0 and llama["gguf"] == "m.gguf"
+    add_llama_cpp(doc, llama)
+    for p in doc["points"]:
+        assert p["tps_vs_llama_cpp"] == pytest.approx(p["tps"] / 250.0)
+    assert "llama.cpp (llama-bench tg32" in render_table(doc)
+    (tmp_path / "silent").write_text("#!/bin/sh\necho '[]'\n")
+    (tmp_path / "silent").chmod(0o755)
+    with pytest.raises(ValueError, match="--llama-bench"):
+        llama_bench(str(tmp_path / "silent"), tmp_path / "m.gguf", 2)
+    with pytest.raises(ValueError, match="--llama-bench"):
+        check_inputs(BenchConfig(model=doc["models"]["dllm"]["path"],
+                                 llama_bench=str(tmp_path / "m.gguf")))

@@ -40,7 +40,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     fields = {k: getattr(args, k) for k in (
         "model", "messages", "n", "split", "seed", "policies", "taus", "steps", "gammas",
         "block_sizes", "batch_sizes", "repeats", "max_tokens", "max_turns", "device", "threads",
-        "out", "name")}
+        "out", "name", "llama_bench")}
     fields["ar_model"] = "" if args.no_ar else args.ar_model
     return make_config(args.quick, task=args.task, precisions=precisions,
                        grammar=args.grammar, compile=args.compile, **fields)
@@ -147,6 +147,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true", help="compiled forwards (LLM(compile="
                    "True)); forward: the compiled rows beside the eager ones")
     p.add_argument("--threads", type=int, default=None, help="torch threads (0: torch's default)")
+    p.add_argument("--llama-bench", default=None, metavar="PATH", help="llama.cpp's llama-bench:"
+                   " its batch-1 decode rate on the base's GGUF beside each point's")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<name>)")
     p.add_argument("--name", default=None, help="run name (default: a timestamp)")
     _forward_flags(p)

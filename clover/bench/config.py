@@ -51,6 +51,7 @@ class BenchConfig:
     max_turns: int = 2
     grammar: bool = False  # every turn under the task's strict tool contract (contract.py)
     compile: bool = False  # cached forwards as one compiled graph (LLM(compile=True))
+    llama_bench: str = ""  # llama.cpp's llama-bench binary: its decode rate beside the points
     device: str = "auto"
     threads: int = 0  # torch threads (0: leave torch's default)
     out: str | None = None  # default runs/bench/<name or timestamp>

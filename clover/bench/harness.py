@@ -24,6 +24,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from clover.bench.config import BenchConfig, Point, flag, grid, run_order
+from clover.bench.machine import llama_bench
 from clover.bench.probe import ForwardProbe, active_matmul_params, matmul_peak
 from clover.bench.quant import (
     INT4_NOTE,
@@ -34,6 +35,7 @@ from clover.bench.quant import (
     torchao_version,
     weight_report,
 )
+from clover.checkpoint.base import gguf_path
 from clover.engine import LLM
 from clover.engine.llm import resolve_device
 from clover.engine.stats import max_rss
@@ -69,6 +71,8 @@ def check_inputs(cfg: BenchConfig) -> None:
         raise ValueError(f"--messages {cfg.messages}: no such file")
     if "int8" in cfg.precisions:
         require_torchao("--precisions")
+    if cfg.llama_bench and not os.access(cfg.llama_bench, os.X_OK):
+        raise ValueError(f"--llama-bench {cfg.llama_bench}: not an executable file")
 
 
 def load_examples(cfg: BenchConfig) -> list:
@@ -211,7 +215,20 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     points = [summarise(p, runs[p], peaks[str(activation_dtype(p.precision, device))])
               for group in groups for p in group]
     _add_ratios(points, groups, runs)
-    return _document(cfg, device, examples, models, peaks, points, time.perf_counter() - t0)
+    doc = _document(cfg, device, examples, models, peaks, points, time.perf_counter() - t0)
+    if cfg.llama_bench:
+        add_llama_cpp(doc, llama_bench(cfg.llama_bench, gguf_path(), torch.get_num_threads()))
+    return doc
+
+
+def add_llama_cpp(doc: dict[str, Any], llama: dict) -> None:
+    """llama.cpp's batch-1 decode rate on the base's GGUF (its own benchmark, run after the
+    sweep on the same machine) and each point's task rate against it: committed tokens per
+    second over llama.cpp's decoded tokens per second."""
+    doc["llama_cpp"] = llama
+    for p in doc["points"]:
+        tps = p.get("tps")
+        p["tps_vs_llama_cpp"] = None if tps is None else tps / llama["llama_cpp_tok_s"]
 
 
 def summarise(point: Point, rows: list[dict], peak_flops: float) -> dict[str, Any]:

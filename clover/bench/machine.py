@@ -9,7 +9,9 @@ times square matmuls. Nothing here touches a model's forward.
 
 from __future__ import annotations
 
+import json
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -110,3 +112,19 @@ def streamed_weight_bytes(model: nn.Module) -> int:
             continue  # untied: the table is looked up, a few rows per forward
         total += _storage(p)[1]
     return total
+
+
+def llama_bench(binary: str, gguf: Path, threads: int) -> dict:
+    """llama.cpp's own benchmark on a GGUF: batch-1 decode of 32 tokens (tg32), 3 repetitions.
+    `binary` is llama.cpp's llama-bench (docs/bench.md says how to build it); nothing in Clover
+    needs it."""
+    cmd = [binary, "-m", str(gguf), "-p", "0", "-n", "32", "-r", "3", "-t", str(threads),
+           "-o", "json"]
+    try:
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        runs = json.loads(done.stdout)
+        tg = next(r for r in runs if r.get("n_gen", 0) > 0)
+    except (OSError, subprocess.CalledProcessError, ValueError, StopIteration) as e:
+        raise ValueError(f"--llama-bench {binary}: no decode rate from it ({e})") from e
+    return {"llama_cpp_tok_s": round(tg["avg_ts"], 2), "llama_cpp_build": tg.get("build_commit"),
+            "llama_cpp_model": tg.get("model_type"), "threads": threads, "gguf": Path(gguf).name}

@@ -82,7 +82,19 @@ def render_table(results: dict[str, Any]) -> str:
             f"compiling): {', '.join(compiled_in_run)}\n" if compiled_in_run else "")
     return (headline(results) + "\n" + cap.get()
             + f"matmul peak: {peak}; split = model/policy/grammar/other share of the full task "
-              f"time; x AR = AR full task time / this point's, per repeat\n" + warn)
+              f"time; x AR = AR full task time / this point's, per repeat\n" + warn
+            + _llama_line(results))
+
+
+def _llama_line(results: dict[str, Any]) -> str:
+    """llama.cpp's decode rate (given --llama-bench) and each point's TPS against it."""
+    llama = results.get("llama_cpp")
+    if not llama:
+        return ""
+    ratios = "; ".join(f"{p['key']} {p['tps_vs_llama_cpp']:.2f}x" for p in results["points"]
+                       if p.get("tps_vs_llama_cpp") is not None)
+    return (f"llama.cpp (llama-bench tg32, batch 1, {llama['threads']} threads, {llama['gguf']}): "
+            f"{llama['llama_cpp_tok_s']} tok/s; task TPS / llama.cpp: {ratios}\n")
 
 
 def markdown_table(points: list[dict]) -> str:
