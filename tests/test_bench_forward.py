@@ -35,7 +35,7 @@ def test_sweep_times_every_point_against_a_measured_roofline(tmp_path):
     results = sweep(cfg, progress=lambda _: None)
     assert len(results["points"]) == 8
     assert all(p["ms"] > 0 and p["floor_ms"] > 0 and p["bound"] in ("memory", "compute")
-               for p in results["points"])
+               and p["bandwidth_gbs"] > 0 for p in results["points"])
     assert results["machine"]["bandwidth_gbs"] > 0 and len(results["predicted_dllm_over_ar"]) == 4
     json.dumps(results)
     assert "predicted dLLM/AR" in render(results)

@@ -4,10 +4,11 @@ For each precision (fp32, bf16, int8 weight-only), batch size B and block length
 first caches a context of `--context` tokens per row, then times forwards that write L new tokens
 after it (logits at all L positions, as a dLLM's first step of a block needs; L = 1 is an AR
 step). Each forward is read against the roofline of this machine, measured in the same run: it
-must stream every weight once (bytes / bandwidth) and do 2 x params x tokens FLOPs (/ matmul
-peak); the slower of the two is its floor. From the table, the predicted dLLM/AR speed ratio at
-a given TPF (tokens committed per forward) is TPF x t(1) / t(L). Prints a table and one JSON line;
-writes forward.json and forward.png. It times the model only (no engine, no sampling).
+must stream every weight once (bytes / the read bandwidth measured just before that batch size's
+timings) and do 2 x params x tokens FLOPs (/ matmul peak); the slower of the two is its floor.
+From the table, the predicted dLLM/AR speed ratio at a given TPF (tokens committed per forward)
+is TPF x t(1) / t(L). Prints a table and one JSON line; writes forward.json and forward.png. It
+times the model only (no engine, no sampling).
 
 `--compile` adds the compiled forward (clover/model/compiled.py) beside the eager one, for the
 fp32 and bf16 points of L <= PACKED_MAX_TOKENS (above it, and for int8 weights, forwards run
@@ -25,7 +26,12 @@ from pathlib import Path
 
 import torch
 
-from clover.bench.machine import features_line, machine_peaks, streamed_weight_bytes
+from clover.bench.machine import (
+    features_line,
+    machine_peaks,
+    memory_bandwidth,
+    streamed_weight_bytes,
+)
 from clover.bench.quant import PRECISIONS, load_model_at
 from clover.model import CloverModel, KVCache
 from clover.model.fused import PACKED_MAX_TOKENS
@@ -155,13 +161,16 @@ def _points(model: CloverModel, precision: str, engine: str, lengths: tuple[int,
     peak = peaks["matmul_gflops"][str(_float_dtype(model)).removeprefix("torch.")] * 1e9
     points = []
     for batch in cfg.batch_sizes:
+        # the read bandwidth of this moment: on a shared machine it drifts within a run
+        bandwidth = memory_bandwidth(seconds=0.5, cpu_clock=cfg.clock == "cpu")
         runs = time_forwards(model, batch, lengths, cfg.context, cfg.repeats, cfg.clock == "cpu")
         for length, ms in runs.items():
-            mem_ms = 1000 * weight_bytes / (peaks["bandwidth_gbs"] * 1e9)
+            mem_ms = 1000 * weight_bytes / bandwidth
             flop_ms = 1000 * 2 * params * batch * length / peak
             points.append(Point(precision, batch, length, statistics.median(ms),
                                 max(mem_ms, flop_ms), "memory" if mem_ms >= flop_ms else "compute",
-                                {"best_ms": round(min(ms), 3)}, engine))
+                                {"best_ms": round(min(ms), 3),
+                                 "bandwidth_gbs": round(bandwidth / 1e9, 2)}, engine))
             progress(f"{precision} {engine} B={batch} L={length}: median {points[-1].ms:.1f} ms")
     return points
 
