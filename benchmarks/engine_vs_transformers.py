@@ -114,7 +114,7 @@ def first_mismatch(ours: list[list[int]], theirs: list[list[int]] | None) -> int
 
 def compare(llm: LLM, hf, prompts, new: int, repeats: int, allow_mismatch: bool) -> dict:
     """Warm up both, then `repeats` interleaved runs; medians, and the tokens checked equal.
-    Before each of Clover's runs the read bandwidth is measured again (`bandwidth_s`): on a
+    Before each of Clover's runs the read bandwidth is measured again (`bandwidth_runs`): on a
     shared machine it drifts within a run, and each run is set against the bandwidth of its
     moment (`row`'s roofline_share)."""
     ours = clover_decode(llm, prompts, new)

@@ -12,7 +12,8 @@ times the model only (no engine, no sampling).
 
 `--compile` adds the compiled forward (clover/model/compiled.py) beside the eager one, for the
 fp32 and bf16 points of L <= PACKED_MAX_TOKENS (above it, and for int8 weights, forwards run
-eager anyway). Its compile time lands in the warm-up round and is reported as `compile_s`.
+eager anyway). `compile_s` is the compiled points' wall time: compiling (in the warm-up round)
+and the timed forwards, which are a few seconds of it.
 """
 
 # Shapes: B batch, L new tokens, C context
@@ -144,7 +145,7 @@ def sweep(cfg: ForwardConfig, progress=print) -> dict:
                                  "cover (MoE layers, q/k norms, ...)")
             t0 = time.perf_counter()
             points += _points(model, precision, engine, lengths, cfg, peaks, progress)
-            if engine == "compiled":  # the warm-up rounds compiled each shape class
+            if engine == "compiled":  # compiling each shape class, and the timings
                 compile_s[precision] = round(time.perf_counter() - t0, 1)
             del model
     return {"bench": "forward", "model": Path(path).name, "context": cfg.context,
