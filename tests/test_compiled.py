@@ -3,13 +3,15 @@ logits, same greedy tokens through the engine, eager again once a weight changes
 refusal for models it does not cover. Compiling (with the GEMM choices timed) takes 10-30 s per
 model here."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from clover.config import get_preset
 from clover.engine import LLM, SamplingParams
 from clover.model import KVCache, build_model
-from clover.model.compiled import ATEN_KERNELS, CompiledForward, _inductor
+from clover.model.compiled import ATEN_KERNELS, CompiledForward, _inductor, _Stack, aten_row_sum
 from clover.model.layers import rms_norm
 
 pytestmark = pytest.mark.slow
@@ -78,11 +80,21 @@ def test_compiled_logits_equal_the_eager_layers_bitwise(L, compiled_calls):
         assert torch.equal(k_out[:, :, :20 + L], k_ref[:, :, :20 + L])
 
 
-def test_norm_and_silu_in_the_graph_are_atens_bit_for_bit():
-    """SmolLM2's width (576), 8192 rows: the fp32 mean of squares, the bf16 RMSNorm and
-    silu(gate) * up compiled by `_inductor` equal eager's bits on every row (with inductor's
-    own mean kernel 2945 of the means and 3 of the bf16 norms differed here: the kind of flip
-    once seen at the 76th token of a task decode), and the lowerings it replaced while
+@pytest.mark.parametrize("dim", [8, 31, 576, 1000, 8200, 40000])
+def test_the_emulated_row_sum_adds_in_atens_order(dim):
+    """`aten_row_sum` (plain adds) gives torch.sum's bits over the last dim: leftover vectors and
+    elements, and one (8200) or two (40000) levels of chunk sums. Vectors of 16 lanes (the
+    AVX-512 width, which ATen's sum kernel does not use) differed on ~half of such rows."""
+    x = torch.randn(300, dim, generator=torch.Generator().manual_seed(dim)).pow(2)
+    assert torch.equal(aten_row_sum(x), x.sum(-1))
+
+
+def test_norms_and_silu_in_the_graph_are_eagers_bit_for_bit():
+    """SmolLM2's width (576), 8192 rows: the graph's RMSNorm with its mean summed in ATen's
+    order (bf16 and fp32), the same with ATen's mean called (where that order does not hold),
+    and silu(gate) * up, compiled by `_inductor`, equal eager's bits on every row (with
+    inductor's own mean kernel 2945 of the means and 3 of the bf16 norms differed here: the kind
+    of flip once seen at the 76th token of a task decode), and the lowerings it replaced while
     compiling are inductor's again afterwards."""
     from torch._inductor import lowering
 
@@ -90,14 +102,17 @@ def test_norm_and_silu_in_the_graph_are_atens_bit_for_bit():
     gen = torch.Generator().manual_seed(0)
     x, gate, up = (torch.randn(8192, 576, generator=gen).bfloat16() * 3 for _ in range(3))
     w = torch.randn(576, generator=gen).bfloat16()
+    emulated, called = (SimpleNamespace(eps=1e-5, aten_sum=s) for s in (True, False))
 
     def f(x, w, gate, up):
-        return (x.float().pow(2).mean(-1), rms_norm(x, w, 1e-5),
-                torch.nn.functional.silu(gate) * up)
+        return (_Stack._norm(emulated, x, w), _Stack._norm(emulated, x.float(), w.float()),
+                _Stack._norm(called, x, w), torch.nn.functional.silu(gate) * up)
 
     torch._dynamo.reset()
     outs = torch.compile(f, backend=_inductor, dynamic=False)(x, w, gate, up)
-    for out, ref in zip(outs, f(x, w, gate, up), strict=True):
+    refs = (rms_norm(x, w, 1e-5), rms_norm(x.float(), w.float(), 1e-5), rms_norm(x, w, 1e-5),
+            torch.nn.functional.silu(gate) * up)
+    for out, ref in zip(outs, refs, strict=True):
         assert torch.equal(out, ref)
     assert {op: lowering.lowerings.get(op) for op in ATEN_KERNELS} == before
 

@@ -8,7 +8,9 @@ weight-bandwidth roofline (docs/bench.md). What the graph does:
 - weights frozen in as constants; each matmul shape runs inductor's C++ GEMM template (AMX
   micro-kernels) or oneDNN's prepacked matmul, whichever was faster when timed at compile time;
 - a C++ wrapper runs the kernels, with no Python between them;
-- the RMSNorm's mean and silu are ATen's own kernels, called from that wrapper (`_inductor`).
+- the RMSNorm's mean of squares is summed in ATen's order with plain adds (`aten_row_sum`), so it
+  rounds as eager's does with no call out of the graph (ATen's mean, called from the wrapper,
+  where that order does not hold: `_inductor`); silu is inductor's exact-eager decomposition.
 
 `CompiledForward.build(model)` returns None for what it does not cover (MoE layers, token
 convolution, q/k norms, partial rotation, canvas models, logit soft-capping); `CloverModel.forward`
@@ -16,13 +18,14 @@ uses it only for cached, unpadded, no-grad forwards with the mode's own visibili
 eager layers (the reference) otherwise. The cache write, the visibility mask and the choice of
 positions needing logits stay in eager code shared with the reference, so both read the same
 slots. The results are eager's bit for bit on this machine (`emulate_precision_casts`, cos/sin
-from eager, `_residual`, ATEN_KERNELS; the AMX GEMM template gave oneDNN's bits in every check);
+from eager, `_residual`, `aten_row_sum`; the AMX GEMM template gave oneDNN's bits in every check);
 tests/test_compiled.py checks logits, keys and tokens.
 
 Weights are baked in at compile time: `CompiledForward` records each parameter's storage and
 version, and refuses to run (eager takes over) once any has changed (a merged adapter, `.to`).
-Compiling and timing the GEMM choices takes about three minutes for SmolLM2's 30 layers on two
-cores, paid on the first forward of each batch shape class; `--compile` turns it on (off by
+Compiling and timing the GEMM choices takes about five minutes for SmolLM2's 30 layers on two
+cores (three with ATen's mean called: the unrolled sums cost inductor ~110 s and save ~0.7 ms a
+step), paid on the first forward of each batch shape class; `--compile` turns it on (off by
 default: a short job does not earn it back).
 """
 
@@ -31,6 +34,7 @@ default: a short job does not earn it back).
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import types
@@ -58,10 +62,72 @@ INDUCTOR_OPTIONS = {
 # Inductor's own mean kernel sums in another order than ATen's: on 8192 rows of SmolLM2's width
 # 2945 fp32 means differed in the last bit, and 3 of the bf16 norms after them. Such a flip
 # once made clover-smol-ar's logits leave eager's at the 76th new token of a test message
-# (layer 28's keys first), its greedy tokens at the 103rd. Inductor calls ATen's mean (and
-# silu, the other op replaced when that drift was found; no difference seen there) from its
-# C++ wrapper instead, with no Python between, as eager does.
-ATEN_KERNELS = (torch.ops.aten.mean.dim, torch.ops.aten.silu.default)
+# (layer 28's keys first), its greedy tokens at the 103rd. The graph sums in ATen's order
+# (`aten_row_sum`, below); where that order does not hold, inductor calls ATen's mean from its
+# C++ wrapper instead (a boxed call, ~10 us each), as eager does. (Silu was also called until
+# inductor's own decomposition, x / (1 + exp(-x)), was checked to give eager's bits.)
+ATEN_KERNELS = (torch.ops.aten.mean.dim,)
+# ATen's fp32 row sum (SumKernel.cpp, `cascade_sum`; its AVX2 kernel, which AVX-512 machines
+# also run): 8-lane vectors, four interleaved vector sums chunked in levels of 16, the four
+# added in turn, then the 8 lanes one by one. `aten_row_sum` writes that order as plain adds, so
+# the graph's norms sum as eager's do with no ATen call (one cost ~10 us per norm, 61 per step);
+# `CompiledForward.build` checks the order against torch.sum first and calls ATen's mean when
+# it does not hold.
+SUM_LANES, SUM_ILP, SUM_LEVELS = 8, 4, 4
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _chunked(rows: list[Tensor]) -> Tensor:
+    """The sum of `rows` in `multi_row_sum`'s order: running sums of 16, added into a running
+    sum of those (and of 256 ... when there are that many), the sums of levels added last."""
+    power = max(4, (len(rows) - 1).bit_length() // SUM_LEVELS if len(rows) > 2 else 0)
+    step, mask = 1 << power, (1 << power) - 1
+    acc: list[Tensor | None] = [None] * SUM_LEVELS
+    i = 0
+    while i + step <= len(rows):
+        for _ in range(step):
+            acc[0] = _add(acc[0], rows[i])
+            i += 1
+        for j in range(1, SUM_LEVELS):
+            acc[j], acc[j - 1] = _add(acc[j], acc[j - 1]), None
+            if i & (mask << (j * power)):
+                break
+    for row in rows[i:]:
+        acc[0] = _add(acc[0], row)
+    return functools.reduce(_add, acc)
+
+
+def aten_row_sum(x_RD: Tensor) -> Tensor:
+    """x.sum(-1) for fp32 rows of at least 8, added in ATen's order (same bits): the row as
+    vectors of SUM_LANES, vector i into running sum i % SUM_ILP (`_chunked`, the SUM_ILP sums
+    side by side as one tensor), the SUM_ILP sums added in turn, leftover vectors into the
+    first, leftover elements, then the lanes one by one."""
+    D = x_RD.shape[-1]
+    n_vec, width = D // SUM_LANES, SUM_ILP * SUM_LANES
+    ilp = n_vec // SUM_ILP
+    groups = x_RD[..., :ilp * width].unflatten(-1, (ilp, SUM_ILP, SUM_LANES))
+    part = _chunked([groups[..., i, :, :] for i in range(ilp)])
+    parts = [None if part is None else part[..., k, :] for k in range(SUM_ILP)]
+    for i in range(ilp * SUM_ILP, n_vec):
+        parts[0] = _add(parts[0], x_RD[..., i * SUM_LANES:(i + 1) * SUM_LANES])
+    vec_sum = functools.reduce(_add, parts)
+    out = None
+    for k in range(n_vec * SUM_LANES, D):
+        out = _add(out, x_RD[..., k])
+    for k in range(SUM_LANES):
+        out = _add(out, vec_sum[..., k])
+    return out
+
+
+def _aten_order_holds(dim: int) -> bool:
+    """Whether `aten_row_sum` gives torch.sum's bits on rows of `dim` here (256 random rows)."""
+    if dim < SUM_LANES:
+        return False
+    x = torch.randn(256, dim, generator=torch.Generator().manual_seed(0)).pow(2)
+    return torch.equal(aten_row_sum(x), x.sum(-1))
 
 
 def _inductor(gm, example_inputs):
@@ -119,6 +185,18 @@ class _Stack(nn.Module):
                                  persistent=False)
             self.register_buffer(f"gate_up{i}", _fused(f.gate_up_fast, f.gate_proj, f.up_proj),
                                  persistent=False)
+        self.eps = model.config.norm_eps
+        self.aten_sum = _aten_order_holds(model.config.dim)  # else ATen's mean, called
+
+    def _norm(self, x_BLD: Tensor, weight: Tensor) -> Tensor:
+        """`rms_norm`'s bits, its mean of squares summed in ATen's order (`aten_row_sum`)."""
+        if not self.aten_sum:
+            return rms_norm(x_BLD, weight, self.eps)
+        x = x_BLD.float()
+        x = x * torch.rsqrt(aten_row_sum(x.pow(2))[..., None] / x.shape[-1] + self.eps)
+        if x_BLD.dtype == torch.float32:
+            return x * weight.float()
+        return x.to(x_BLD.dtype) * weight.to(x_BLD.dtype)
 
     def forward(self, ids_BL: Tensor, cos: Tensor, sin: Tensor, mask_B1LS: Tensor, rows_BL: Tensor,
                 slots_BL: Tensor, read_B: Tensor | None, sel_N: Tensor, k_caches: list[Tensor],
@@ -130,7 +208,7 @@ class _Stack(nn.Module):
         x_BLD = m.embed(ids_BL)
         for i, layer in enumerate(m.layers):
             a, f = layer.attn, layer.ffn
-            h_BLD = rms_norm(x_BLD, layer.attn_norm.weight, cfg.norm_eps)
+            h_BLD = self._norm(x_BLD, layer.attn_norm.weight)
             qkv_BLXD = F.linear(h_BLD, getattr(self, f"qkv{i}"),
                                 _cat_bias(a.q_proj, a.k_proj, a.v_proj)).view(B, L, H + 2 * G, Dh)
             qk_BLXD = m.rotary.apply(qkv_BLXD[:, :, :H + G], cos, sin)
@@ -144,10 +222,10 @@ class _Stack(nn.Module):
                                                  attn_mask=mask_B1LS, enable_gqa=G != H)
             x_BLD = _residual(x_BLD, F.linear(out.transpose(1, 2).reshape(B, L, H * Dh),
                                                   a.o_proj.weight))
-            h_BLD = rms_norm(x_BLD, layer.ffn_norm.weight, cfg.norm_eps)
+            h_BLD = self._norm(x_BLD, layer.ffn_norm.weight)
             gate, up = F.linear(h_BLD, getattr(self, f"gate_up{i}")).chunk(2, dim=-1)
             x_BLD = _residual(x_BLD, F.linear(F.silu(gate) * up, f.down_proj.weight))
-        h_ND = rms_norm(x_BLD, m.norm.weight, cfg.norm_eps).reshape(B * L, -1)[sel_N]
+        h_ND = self._norm(x_BLD, m.norm.weight).reshape(B * L, -1)[sel_N]
         head = m.embed.weight if m.lm_head is None else m.lm_head.weight
         return F.linear(h_ND, head)
 
