@@ -1,13 +1,13 @@
 """The shipped models (LoRA adapters over the embedded SmolLM2 base) load and decode as recorded.
 
-For each model under models/, a few fixed test-split messages are decoded free-running (greedy;
-the diffusion model with the threshold policy, tau 0.9) and compared with the outputs recorded
-when the model was shipped (tests/data/shipped_models.json): the calls must parse as they did and
-the tokens must agree with the record (a broken adapter, merge, mask row, tokenizer, chat template
-or engine change sends agreement to near zero; a little slack allows for float differences
-between CPUs). This checks the shipped artefacts, not their quality: the measured quality is in
-each model's README. Needs the converted base (`make setup`). Regenerate the record after
-retraining with `python tests/test_shipped_models.py`.
+For each model under models/, a few fixed test-split messages are decoded free-running (bf16;
+greedy; the diffusion model with the threshold policy, tau 0.9) and compared with the outputs
+recorded when the model was shipped (tests/data/shipped_models.json): the calls must parse as
+they did and the tokens must agree with the record (a broken adapter, merge, mask row, tokenizer,
+chat template or engine change sends agreement to near zero; a little slack allows for float
+differences between CPUs). This checks the shipped artefacts, not their quality: the measured
+quality is in each model's README. Needs the converted base (`make setup`). Regenerate the
+record after retraining with `python tests/test_shipped_models.py`.
 """
 
 import json
@@ -28,7 +28,7 @@ def decode(name: str) -> list[dict]:
     from clover.tasks.airspace import TOOLS, generate_examples
     from clover.tokenizer import parse_tool_calls, render_chat
 
-    llm = LLM(str(ROOT / "models" / name), device="cpu", dtype="float32")
+    llm = LLM(str(ROOT / "models" / name), device="cpu", dtype="bfloat16")
     tok = llm.tokenizer
     examples = [e for e in generate_examples("test", 40, 0) if not e.history][:MESSAGES]
     prompts = [tok.encode(render_chat(tok, e.messages(tools=True)[:-1], TOOLS)) for e in examples]
