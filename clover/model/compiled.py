@@ -23,10 +23,10 @@ tests/test_compiled.py checks logits, keys and tokens.
 
 Weights are baked in at compile time: `CompiledForward` records each parameter's storage and
 version, and refuses to run (eager takes over) once any has changed (a merged adapter, `.to`).
-Compiling and timing the GEMM choices takes about five minutes for SmolLM2's 30 layers on two
-cores (three with ATen's mean called: the unrolled sums cost inductor ~110 s and save ~0.7 ms a
-step), paid on the first forward of each batch shape class; `--compile` turns it on (off by
-default: a short job does not earn it back).
+Compiling and timing the GEMM choices takes three to five minutes for SmolLM2's 30 layers on
+two cores (286 s the first time the unrolled sums' kernels went through the C++ compiler, 176 s
+for the graph before them, whose kernels inductor had on disk), paid on the first forward of each
+batch shape class; `--compile` turns it on (off by default: a short job does not earn it back).
 """
 
 # Shapes: B batch, L new tokens, S key slots, D dim, H query heads, G kv heads, Dh head dim,
