@@ -189,7 +189,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    help="auto | float32 | bfloat16 | int8 (torchao weight-only; default: auto)")
     p.add_argument("--compile", action="store_true",
                    help="cached forwards of a dense model as one compiled graph (torch.compile; "
-                        "worth its ~3 minutes of compiling only for long jobs)")
+                        "worth its 3-5 minutes of compiling only for long jobs)")
     add_sampling_flags(p)
 
 

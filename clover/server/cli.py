@@ -19,7 +19,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 _COMPILE_HELP = ("run cached forwards of a dense model as one compiled graph (torch.compile): "
-                 "~2x faster decoding of SmolLM2 in bf16 on a CPU after about 3 minutes of "
+                 "~2x faster decoding of SmolLM2 in bf16 on a CPU after 3-5 minutes of "
                  "compiling per batch-shape class (docs/bench.md)")
 
 

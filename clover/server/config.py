@@ -24,7 +24,7 @@ class ServerConfig:
     max_n: int = 8  # most choices (`n`) one request may ask for
     device: str = "auto"
     dtype: str = "auto"
-    compile: bool = False  # cached forwards as one compiled graph (~3 minutes of compiling first)
+    compile: bool = False  # cached forwards as one compiled graph (3-5 minutes of compiling first)
     api_key: str | None = None
     max_body_bytes: int = 2 * 2**20
     torch_threads: int | None = None  # CPU threads for torch (default: torch's choice)
