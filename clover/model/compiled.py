@@ -189,14 +189,9 @@ class _Stack(nn.Module):
         self.aten_sum = _aten_order_holds(model.config.dim)  # else ATen's mean, called
 
     def _norm(self, x_BLD: Tensor, weight: Tensor) -> Tensor:
-        """`rms_norm`'s bits, its mean of squares summed in ATen's order (`aten_row_sum`)."""
-        if not self.aten_sum:
-            return rms_norm(x_BLD, weight, self.eps)
-        x = x_BLD.float()
-        x = x * torch.rsqrt(aten_row_sum(x.pow(2))[..., None] / x.shape[-1] + self.eps)
-        if x_BLD.dtype == torch.float32:
-            return x * weight.float()
-        return x.to(x_BLD.dtype) * weight.to(x_BLD.dtype)
+        """`rms_norm`, its mean of squares summed in ATen's order (`aten_row_sum`) where that
+        order holds."""
+        return rms_norm(x_BLD, weight, self.eps, aten_row_sum if self.aten_sum else None)
 
     def forward(self, ids_BL: Tensor, cos: Tensor, sin: Tensor, mask_B1LS: Tensor, rows_BL: Tensor,
                 slots_BL: Tensor, read_B: Tensor | None, sel_N: Tensor, k_caches: list[Tensor],

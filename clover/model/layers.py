@@ -11,14 +11,20 @@ from torch import Tensor, nn
 from clover.config import ModelConfig
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, row_sum=None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, normalised in fp32 (one fused op when x is fp32).
 
     In a low-precision model the normalised x is rounded to its dtype before the weight scales
-    it, as transformers' Llama / Qwen norms do, so bf16 greedy decodes match theirs."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight.float(), eps)
-    return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight.to(x.dtype)
+    it, as transformers' Llama / Qwen norms do, so bf16 greedy decodes match theirs.
+    `row_sum`: sums the fp32 squares over the last dim in place of ATen's mean (the compiled
+    graph's `aten_row_sum`, which adds in ATen's order: the same bits)."""
+    if row_sum is None:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight.float(), eps)
+        return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight.to(x.dtype)
+    h = x.float()
+    h = h * torch.rsqrt(row_sum(h.pow(2))[..., None] / h.shape[-1] + eps)
+    return h * weight.float() if x.dtype == torch.float32 else h.to(x.dtype) * weight.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
