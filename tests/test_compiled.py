@@ -17,8 +17,8 @@ from clover.model.layers import rms_norm
 pytestmark = pytest.mark.slow
 
 DENSE = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
-CASES = {  # bf16 AR decode steps are the logits test's subject (L=1)
-    "causal fp32, qkv bias": (dict(attention="causal", block_size=1, qkv_bias=True), "float32"),
+CASES = {  # bf16 AR decode steps are the logits test's subject (L=1); causal fp32 with q/k/v
+    # biases is the weights test's (its compiled decodes are checked against eager's)
     "block bf16": (dict(attention="block", block_size=4), "bfloat16"),
 }
 PROMPTS = [list(range(5, 12)), list(range(20, 32)), list(range(40, 44))]
@@ -119,10 +119,10 @@ def test_norms_and_silu_in_the_graph_are_eagers_bit_for_bit():
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_compiled_engine_decodes_the_same_tokens(case, compiled_calls, untimed_gemms):
-    """Greedy decoding (AR, and block diffusion with 4-token blocks) of three prompts of
-    different lengths, batched: the same tokens with the compiled forward as with the eager
-    one, and the compiled graph did run (the padded first forward stays eager). The timed GEMM
-    choice is the logits test's subject; here oneDNN's keeps the compile short."""
+    """Greedy decoding (block diffusion with 4-token blocks; AR is the weights test's) of three
+    prompts of different lengths, batched: the same tokens with the compiled forward as with the
+    eager one, and the compiled graph did run (the padded first forward stays eager). The timed
+    GEMM choice is the logits test's subject; here oneDNN's keeps the compile short."""
     overrides, dtype = case
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     ref = [o.token_ids for o in LLM(_model(overrides), device="cpu", dtype=dtype)
@@ -137,8 +137,9 @@ def test_the_graph_keeps_its_own_models_weights(compiled_calls, untimed_gemms):
     """Weights are constants of a model's graph. A second model of the same shape compiled in
     the same process decodes with its own weights, not the first one's; and after an in-place
     update of a weight the compiled graph is not used, and decoding gives the updated model's
-    tokens. (One test: each compile costs ~15 s here.)"""
-    overrides = dict(attention="causal", block_size=1)
+    tokens. AR in fp32 with q/k/v biases: each model's compiled decode equals its eager one.
+    (One test: each compile costs ~15 s here.)"""
+    overrides = dict(attention="causal", block_size=1, qkv_bias=True)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     outs, llm = {}, None
     for seed in (1, 2):
