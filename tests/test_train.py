@@ -30,7 +30,7 @@ from clover.train import (
 )
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
-from clover.train.objectives import Noise, ObjectiveModule, clean_noise
+from clover.train.objectives import Noise, ObjectiveModule, clean_noise, split_prefix
 
 
 def toy_examples(n: int, seed: int = 0, vocab: int = 40) -> list:
@@ -186,6 +186,33 @@ def test_shared_prefix_matches_unshared(mode, shift, conv):
     if mode == "block":
         ref = block_diffusion_reference(model, cfg, batch, noise).loss_sum
         assert torch.allclose(losses[0], ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shift,conv", [(False, 0), (True, 0), (True, 3)])
+def test_block_models_causal_reading_shares_its_prefix_under_the_causal_mask(shift, conv):
+    """The AR term of a block model (`causal` under a causal mask) runs the shared prompt prefix
+    once, under the causal mask too: the loss and grads of recomputing it in every row. (Under
+    the model's own block mask a prefix token would see the rest of its block: another loss.)"""
+    from clover.train.objectives import shared_prefix_len
+
+    cfg = tiny("block", shift_logits=shift, token_conv=conv)
+    model = build_model(cfg, seed=0)
+    batch = default_collator(cfg)(shared_prompt_examples(5), list(range(5)))
+    assert shared_prefix_len(batch, cfg, first=1) == 8
+    losses, grads = [], []
+    for share in (True, False):
+        model.zero_grad()
+        out = causal(model, cfg, batch, clean_noise(batch), share_prefix=share)
+        out.loss_sum.backward()
+        losses.append(out.loss_sum.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    cache, *_ = split_prefix(model, cfg, batch, clean_noise(batch), 8, copies=1)
+    own, *_ = split_prefix(model, cfg, batch, clean_noise(batch), 8, copies=1,
+                           causal_prefix=True)
+    assert not torch.allclose(cache.k[-1][:, :, :8], own.k[-1][:, :, :8])  # layer 0: the same
 
 
 def test_noisy_clean_visibility_small_case():

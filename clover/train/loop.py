@@ -129,8 +129,9 @@ class Trainer:
         self.work_dir = Path(config.work_dir) if config.work_dir else None
         if config.resume:
             self._resume()
+        ar_objective = _objective("causal", self.parallel.shares_prefix, config.prefix_grad)
         self.net = self.parallel.wrap(ObjectiveModule(self.model, self.train_objective,
-                                                      config.ar_coef),
+                                                      config.ar_coef, ar_objective),
                                       self.model, self.env, self.device)
 
     @property

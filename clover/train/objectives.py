@@ -187,13 +187,18 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise).
 
     A `block` or `full` model gets the same loss under a causal mask in place of its own (the AR
-    term of `ObjectiveModule(ar_coef=...)`); its prefix is then not shared."""
+    term of `ObjectiveModule(ar_coef=...)`); a shared prefix is then run under the causal mask
+    too (its own would let a prefix token see the rest of its block)."""
+    own = config.attention == "causal"
+    P = shared_prefix_len(batch, config, first=1) if share_prefix else 0
+    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
+                                                   copies=1, causal_prefix=not own)
     causal_mask = None
-    if config.attention != "causal":
-        share_prefix = False
-        causal_mask = visibility("causal", config.block_size, batch.pos_BL, batch.pos_BL)
-    P = shared_prefix_len(batch, config) if share_prefix else 0
-    cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad)
+    if not own:
+        causal_mask = visibility("causal", 1, batch.pos_BL, batch.pos_BL)
+        if cache is not None:  # every token sees the whole prefix
+            causal_mask = torch.cat([causal_mask.new_ones(*causal_mask.shape[:2], P),
+                                     causal_mask], 2)[:, :, :_cache_end(P, batch.valid_BL)]
     src_BL = torch.full_like(batch.ids_BL, -1)
     b_N, i_N = batch.target_BL.nonzero(as_tuple=True)
     assert bool((i_N > 0).all()), "causal targets need their previous token in the batch"
@@ -206,34 +211,39 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
 
 # ---- shared context prefix ---------------------------------------------------------------------
 
-def shared_prefix_len(batch: Batch, config: ModelConfig) -> int:
+def shared_prefix_len(batch: Batch, config: ModelConfig, first: int | None = None) -> int:
     """Length of the context prefix every row shares, cut to a block boundary (0: none).
 
-    It holds no target and, when token i is read at i - 1, not the token before the first target.
-    `full` attention lets the prefix see the rest of the row, so nothing is shared there.
+    It holds no target and, when token i is read at i - 1 (`first` = 1; default: the config's
+    reading), not the token before the first target. `full` attention lets the prefix see the
+    rest of the row, so nothing is shared there.
     """
     if config.attention == "full" or batch.ids_BL.shape[0] < 2:
         return 0
     ids = batch.ids_BL
     same_L = (ids == ids[:1]).all(0) & batch.valid_BL.all(0)
     n = int(same_L.int().cumprod(0).sum())
-    first = int(batch.target_BL.any(0).int().argmax()) - first_target(config)
+    first = int(batch.target_BL.any(0).int().argmax()) - (
+        first_target(config) if first is None else first)
     n = min(n, first)
     return max(n, 0) // config.block_size * config.block_size
 
 
 def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int,
-                 grad: bool = True, copies: int = 2):
-    """Run the first P tokens once (row 0) and return (cache holding their keys and values for
-    every row, with gradient unless `grad` is off, and room for `copies` copies of the rest;
-    prefix MoE stats; the batch and noise from position P on)."""
+                 grad: bool = True, copies: int = 2, causal_prefix: bool = False):
+    """Run the first P tokens once (row 0; under a causal mask with `causal_prefix`, else the
+    model's own) and return (cache holding their keys and values for every row, with gradient
+    unless `grad` is off, and room for `copies` copies of the rest; prefix MoE stats; the batch
+    and noise from position P on)."""
     if P == 0:
         return None, None, batch, noise
     B, L = batch.ids_BL.shape
     device = batch.ids_BL.device
     one = KVCache(config, 1, P, device=device)
+    pos_1P = batch.pos_BL[:1, :P]
+    mask = visibility("causal", 1, pos_1P, pos_1P) if causal_prefix else None
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        out = model(batch.ids_BL[:1, :P], batch.pos_BL[:1, :P], cache=one,
+        out = model(batch.ids_BL[:1, :P], pos_1P, cache=one, attn_mask_BLS=mask,
                     logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
     room = P + copies * (L - P)  # the prefix, then clean + noisy copies of the rest
     cache = KVCache(config, B, room, device=device)
@@ -287,19 +297,23 @@ class ObjectiveModule(nn.Module):
     many model calls the objective makes (shared prefix, reference loops).
 
     `ar_coef > 0` (diffusion models only) adds a second forward on the clean tokens under a
-    causal mask and returns its next-token loss as `ar_sum`, for the loop to add with that
-    weight: an AR-initialised model keeps practising what it knew while it adapts. Its routing
-    stats are left out (the diffusion forward drives MoE balancing)."""
+    causal mask (`ar_objective`: `causal`, sharing the prompt prefix as the main objective does)
+    and returns its next-token loss as `ar_sum`, for the loop to add with that weight: an
+    AR-initialised model keeps practising what it knew while it adapts. Its routing stats are
+    left out (the diffusion forward drives MoE balancing)."""
 
-    def __init__(self, model: nn.Module, objective: Objective, ar_coef: float = 0.0) -> None:
+    def __init__(self, model: nn.Module, objective: Objective, ar_coef: float = 0.0,
+                 ar_objective: Objective | None = None) -> None:
         super().__init__()
         self.model, self.objective, self.ar_coef = model, objective, ar_coef
+        self.ar_objective = ar_objective or causal
 
     def forward(self, batch: Batch, noise: Noise) -> LossOutput:
         config = self.model.config
         out = self.objective(self.model, config, batch, noise)
         if self.ar_coef and config.attention != "causal":
-            out.ar_sum = causal(self.model, config, batch, clean_noise(batch)).loss_sum
+            out.ar_sum = self.ar_objective(self.model, config, batch,
+                                           clean_noise(batch)).loss_sum
         return out
 
 
