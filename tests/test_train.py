@@ -30,7 +30,13 @@ from clover.train import (
 )
 from clover.train.balance import load_stats, routers, update_expert_bias
 from clover.train.data import step_indices
-from clover.train.objectives import Noise, ObjectiveModule, clean_noise, split_prefix
+from clover.train.objectives import (
+    Noise,
+    ObjectiveModule,
+    PrefixMemo,
+    clean_noise,
+    split_prefix,
+)
 
 
 def toy_examples(n: int, seed: int = 0, vocab: int = 40) -> list:
@@ -213,6 +219,35 @@ def test_block_models_causal_reading_shares_its_prefix_under_the_causal_mask(shi
     own, *_ = split_prefix(model, cfg, batch, clean_noise(batch), 8, copies=1,
                            causal_prefix=True)
     assert not torch.allclose(cache.k[-1][:, :, :8], own.k[-1][:, :, :8])  # layer 0: the same
+
+
+@pytest.mark.parametrize("mode", ["block", "causal", "block-ar"])
+def test_gradient_free_prefix_runs_once_per_parameter_state(mode):
+    """With `prefix_grad` off the shared prompt prefix runs once for the micro-batches of a step
+    (`PrefixMemo`), with the losses of running it each time; after a parameter update it runs
+    again (a stale prefix would give the old weights' loss)."""
+    cfg = tiny("causal" if mode == "causal" else "block", shift_logits=True)
+    model = build_model(cfg, seed=0)
+    objective = block_diffusion if mode == "block" else causal
+    examples = shared_prompt_examples(6)
+    batches = [default_collator(cfg)(examples[i:i + 3], [i, i + 1, i + 2]) for i in (0, 3)]
+    prefix_runs = []
+    model.register_forward_pre_hook(lambda _, args: prefix_runs.append(args[0].shape[0] == 1))
+    memo = PrefixMemo()
+
+    def losses(memo):
+        prefix_runs.clear()
+        out = [objective(model, cfg, b, batch_noise(b, cfg), prefix_grad=False,
+                         prefix_memo=memo).loss_sum for b in batches]
+        return out, sum(prefix_runs)
+
+    for _ in range(2):  # the second time: a parameter changed in place (an optimizer step)
+        (got, runs), (want, every) = losses(memo), losses(None)
+        assert runs == 1 and every == 2
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        sum(got).backward()
+        with torch.no_grad():
+            model.layers[-1].attn.q_proj.weight.mul_(1.5)
 
 
 def test_noisy_clean_visibility_small_case():

@@ -43,6 +43,7 @@ from clover.train.objectives import (
     OBJECTIVES,
     Objective,
     ObjectiveModule,
+    PrefixMemo,
     batch_noise,
     first_target,
 )
@@ -68,19 +69,21 @@ def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True,
                complementary: bool = False) -> Objective:
     """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
     every row instead of sharing it through a KV cache (same loss and gradients). With
-    `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient).
-    `complementary` (block diffusion) adds the second, complementary masked view."""
+    `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient),
+    once per optimizer step (`PrefixMemo`). `complementary` (block diffusion) adds the second,
+    complementary masked view."""
     objective = OBJECTIVES[mode]
     params = inspect.signature(objective).parameters
     if complementary and "complementary" not in params:
         raise ValueError(f"complementary masks are for block diffusion, not attention {mode!r}")
     if "share_prefix" not in params:
         return objective
-    kwargs: dict[str, bool] = {}
+    kwargs: dict[str, object] = {}
     if not share_prefix:
         kwargs["share_prefix"] = False
     elif not prefix_grad:
         kwargs["prefix_grad"] = False
+        kwargs["prefix_memo"] = PrefixMemo()
     if complementary:
         kwargs["complementary"] = True
     return functools.partial(objective, **kwargs) if kwargs else objective

@@ -98,7 +98,8 @@ def _flat_index(masked_BL: Tensor) -> Tensor:
 
 def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
                     share_prefix: bool = True, prefix_grad: bool = True,
-                    complementary: bool = False) -> LossOutput:
+                    complementary: bool = False,
+                    prefix_memo: PrefixMemo | None = None) -> LossOutput:
     """All blocks in one forward over [x_0 (L columns), x_t of the blocks holding a mask (M)].
 
     Noisy copies of blocks with no masked token anywhere in the batch are left out: nothing reads
@@ -111,7 +112,8 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
     """
     P = shared_prefix_len(batch, config) if share_prefix else 0
     cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
-                                                   copies=3 if complementary else 2)
+                                                   copies=3 if complementary else 2,
+                                                   memo=prefix_memo)
     B, L = batch.ids_BL.shape
     bs = config.block_size
     views = [noise]
@@ -183,7 +185,8 @@ def full_diffusion(model: nn.Module, config: ModelConfig, batch: Batch,
 
 
 def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
-           share_prefix: bool = True, prefix_grad: bool = True) -> LossOutput:
+           share_prefix: bool = True, prefix_grad: bool = True,
+           prefix_memo: PrefixMemo | None = None) -> LossOutput:
     """Next-token loss on the targets: token i is read from the logits at i - 1 (no noise).
 
     A `block` or `full` model gets the same loss under a causal mask in place of its own (the AR
@@ -192,7 +195,8 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     own = config.attention == "causal"
     P = shared_prefix_len(batch, config, first=1) if share_prefix else 0
     cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
-                                                   copies=1, causal_prefix=not own)
+                                                   copies=1, causal_prefix=not own,
+                                                   memo=prefix_memo)
     causal_mask = None
     if not own:
         causal_mask = visibility("causal", 1, batch.pos_BL, batch.pos_BL)
@@ -230,21 +234,29 @@ def shared_prefix_len(batch: Batch, config: ModelConfig, first: int | None = Non
 
 
 def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, P: int,
-                 grad: bool = True, copies: int = 2, causal_prefix: bool = False):
+                 grad: bool = True, copies: int = 2, causal_prefix: bool = False,
+                 memo: PrefixMemo | None = None):
     """Run the first P tokens once (row 0; under a causal mask with `causal_prefix`, else the
     model's own) and return (cache holding their keys and values for every row, with gradient
     unless `grad` is off, and room for `copies` copies of the rest; prefix MoE stats; the batch
-    and noise from position P on)."""
+    and noise from position P on). Without gradient a `memo` reuses the last such forward."""
     if P == 0:
         return None, None, batch, noise
     B, L = batch.ids_BL.shape
     device = batch.ids_BL.device
-    one = KVCache(config, 1, P, device=device)
     pos_1P = batch.pos_BL[:1, :P]
-    mask = visibility("causal", 1, pos_1P, pos_1P) if causal_prefix else None
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        out = model(batch.ids_BL[:1, :P], pos_1P, cache=one, attn_mask_BLS=mask,
-                    logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
+    grad = grad and torch.is_grad_enabled()
+
+    def run() -> tuple[KVCache, MoEStats | None]:
+        one = KVCache(config, 1, P, device=device)
+        mask = visibility("causal", 1, pos_1P, pos_1P) if causal_prefix else None
+        with torch.set_grad_enabled(grad):
+            out = model(batch.ids_BL[:1, :P], pos_1P, cache=one, attn_mask_BLS=mask,
+                        logits_mask_BL=torch.zeros(1, P, dtype=torch.bool, device=device))
+        return one, out.moe
+
+    one, moe = (run() if grad or memo is None
+                else memo.get(model, (causal_prefix, batch.ids_BL[0, :P], pos_1P), run))
     room = P + copies * (L - P)  # the prefix, then clean + noisy copies of the rest
     cache = KVCache(config, B, room, device=device)
     for layer in range(config.num_layers):
@@ -258,7 +270,29 @@ def split_prefix(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noi
     cache.end = P
     rest = batch.from_position(P)
     tail = Noise(noise.xt_BL[:, P:], noise.masked_BL[:, P:], noise.t_BL[:, P:])
-    return cache, out.moe, rest, tail
+    return cache, moe, rest, tail
+
+
+class PrefixMemo:
+    """The last gradient-free prefix forward (row 0's keys and values, its MoE stats), reused
+    while the prompt, every parameter (storage and version) and the autocast and train/eval
+    state are unchanged: the micro-batches of one optimizer step share the system prompt, and
+    it then runs once per step instead of once per micro-batch."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.value: tuple[KVCache, MoEStats | None] | None = None
+
+    def get(self, model: nn.Module, prompt: tuple, run: Callable[[], tuple]) -> tuple:
+        flag, ids, pos = prompt
+        params = list(model.parameters())
+        device = ids.device.type
+        key = (flag, tuple(ids.tolist()), tuple(pos.flatten().tolist()), model.training,
+               torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
+               tuple(p.data_ptr() for p in params), tuple(p._version for p in params))
+        if key != self.key or self.value is None:
+            self.key, self.value = key, run()
+        return self.value
 
 
 def _spread(kv_1GPD: Tensor, B: int, room: int) -> Tensor:
