@@ -112,5 +112,6 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "accumulated, so only memory and speed change")
     p.add_argument("--no-prefix-grad", action="store_true",
                    help="run the prompt prefix shared by a micro-batch (system prompt and "
-                        "tools) without gradient: cheaper steps, a truncated gradient")
+                        "tools) without gradient, once per optimizer step: cheaper steps (a "
+                        "truncated gradient)")
 
