@@ -165,6 +165,23 @@ def shared_prompt_examples(n: int, seed: int = 0) -> list:
             for ex in toy_examples(n, seed)]
 
 
+def _shared_equals_unshared(objective, model, cfg, batch, noise) -> list[torch.Tensor]:
+    """The objective's loss and grads with the prompt prefix shared and recomputed per row are
+    the same; returns the two losses."""
+    losses, grads = [], []
+    for share in (True, False):
+        model.zero_grad()
+        out = objective(model, cfg, batch, noise, share_prefix=share)
+        out.loss_sum.backward()
+        losses.append(out.loss_sum.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+    # float sums in another order: embed.weight grads (|g| up to ~6) differ by ~1e-6
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    return losses
+
+
 @pytest.mark.parametrize("mode,shift,conv", [("block", False, 0), ("block", True, 0),
                                              ("causal", False, 0), ("block", False, 3),
                                              ("causal", False, 3)])
@@ -178,17 +195,7 @@ def test_shared_prefix_matches_unshared(mode, shift, conv):
 
     assert shared_prefix_len(batch, cfg) == (8 if mode == "block" else 10)  # [system, 3]
     objective = block_diffusion if mode == "block" else causal
-    losses, grads = [], []
-    for share in (True, False):
-        model.zero_grad()
-        out = objective(model, cfg, batch, noise, share_prefix=share)
-        out.loss_sum.backward()
-        losses.append(out.loss_sum.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
-                                if p.grad is not None]))
-    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
-    # float sums in another order: embed.weight grads (|g| up to ~6) differ by ~1e-6
-    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    losses = _shared_equals_unshared(objective, model, cfg, batch, noise)
     if mode == "block":
         ref = block_diffusion_reference(model, cfg, batch, noise).loss_sum
         assert torch.allclose(losses[0], ref, rtol=1e-5)
@@ -205,16 +212,7 @@ def test_block_models_causal_reading_shares_its_prefix_under_the_causal_mask(shi
     model = build_model(cfg, seed=0)
     batch = default_collator(cfg)(shared_prompt_examples(5), list(range(5)))
     assert shared_prefix_len(batch, cfg, first=1) == 8
-    losses, grads = [], []
-    for share in (True, False):
-        model.zero_grad()
-        out = causal(model, cfg, batch, clean_noise(batch), share_prefix=share)
-        out.loss_sum.backward()
-        losses.append(out.loss_sum.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
-                                if p.grad is not None]))
-    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    _shared_equals_unshared(causal, model, cfg, batch, clean_noise(batch))
     cache, *_ = split_prefix(model, cfg, batch, clean_noise(batch), 8, copies=1)
     own, *_ = split_prefix(model, cfg, batch, clean_noise(batch), 8, copies=1,
                            causal_prefix=True)
