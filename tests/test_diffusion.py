@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from clover.model.diffusion import (
     confident_entropy_sum,
+    loss_and_confident_entropy,
     mask_tokens,
     masked_diffusion_loss_sum,
     sample_block_t,
@@ -68,3 +69,26 @@ def test_confident_entropy_counts_only_positions_already_right():
     p2 = torch.softmax(logits_NV[2], 0)
     want = -(p0 * p0.log()).sum() - (p2 * p2.log()).sum()
     assert torch.allclose(confident_entropy_sum(logits_NV, targets_N), want)
+
+
+def test_one_log_softmax_gives_the_loss_and_the_entropy_of_two():
+    """`loss_and_confident_entropy` (one fp32 log-softmax) = the two separate functions, bf16
+    logits as in training: the same loss bits, and the gradient of loss + 0.1 x entropy to
+    within one bf16 rounding (the two terms' gradients meet before the cast back to bf16)."""
+    gen = torch.Generator().manual_seed(0)
+    base = (torch.randn(64, 500, generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 500, (64,), generator=gen)
+    targets[:20] = base[:20].float().argmax(-1)  # some positions already right
+    t = torch.rand(64, generator=gen).clamp_min(0.05)
+
+    def run(fn):
+        logits = base.clone().requires_grad_(True)
+        loss, ent = fn(logits)
+        return loss, ent, torch.autograd.grad(loss + 0.1 * ent, logits)[0].float()
+
+    one = run(lambda x: loss_and_confident_entropy(x, targets, t))
+    two = run(lambda x: (masked_diffusion_loss_sum(x, targets, t),
+                         confident_entropy_sum(x, targets)))
+    assert torch.equal(one[0], two[0])
+    assert torch.allclose(one[1], two[1]) and float(one[1]) > 0
+    torch.testing.assert_close(one[2], two[2], atol=1e-6, rtol=2 ** -7)

@@ -248,6 +248,45 @@ def test_gradient_free_prefix_runs_once_per_parameter_state(mode):
             model.layers[-1].attn.q_proj.weight.mul_(1.5)
 
 
+@pytest.mark.parametrize("mode", ["causal", "block"])
+def test_a_frozen_base_stored_in_bf16_trains_as_autocast_did(mode):
+    """bf16 training of a LoRA: the frozen linears stored in bf16 (`frozen_linears_to_bf16`, which
+    a bf16 Trainer applies) give the loss and LoRA gradients of fp32 storage under autocast, bit
+    for bit; norms, embeddings and the LoRA stay fp32."""
+    from clover.checkpoint import adapter as ad
+    from clover.train.parallel import frozen_linears_to_bf16
+
+    cfg = tiny(mode, shift_logits=True, qk_norm=False, num_experts=0, num_dense_layers=0)
+    batch = default_collator(cfg)(shared_prompt_examples(4), list(range(4)))
+    objective = block_diffusion if mode == "block" else causal
+    runs = []
+    for cast in (False, True):
+        model = build_model(cfg, seed=0)
+        ad.inject_lora(model, ad.lora_config(4))
+        gen = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # peft starts B at zero: no gradient would reach A
+                p.data = torch.randn(p.shape, generator=gen) * 0.1
+        changed = frozen_linears_to_bf16(model) if cast else 0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = objective(model, cfg, batch, batch_noise(batch, cfg))
+        out.loss_sum.backward()
+        runs.append((out.loss_sum.detach(), [p.grad for p in model.parameters()
+                                             if p.requires_grad]))
+    assert changed == 7 * cfg.num_layers + (model.lm_head is not None)  # q k v o gate up down
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert dtypes["layers.0.attn.q_proj.base_layer.weight"] == torch.bfloat16
+    assert {dtypes["embed.weight"], dtypes["layers.0.attn_norm.weight"],
+            dtypes["layers.0.attn.q_proj.lora_A.default.weight"]} == {torch.float32}
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+    trainer = Trainer(build_model(cfg, seed=0), toy_examples(8), _config(bf16=True))
+    assert trainer.model.layers[0].attn.q_proj.weight.dtype == torch.float32  # nothing frozen
+    ad.inject_lora(lora := build_model(cfg, seed=0), ad.lora_config(4))
+    trainer = Trainer(lora, toy_examples(8), _config(bf16=True))
+    assert trainer.model.layers[0].attn.q_proj.base_layer.weight.dtype == torch.bfloat16
+
+
 def test_noisy_clean_visibility_small_case():
     """Block size 2, L = 4: noisy block 1 sees clean block 0 and itself, never clean block 1."""
     pos = torch.arange(4)[None]

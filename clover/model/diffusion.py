@@ -79,10 +79,22 @@ def confident_entropy_sum(logits_NV: Tensor, targets_N: Tensor) -> Tensor:
     The confidence-sharpening term (dParallel, LLaDA2.0-CAP): where the model is already right,
     lowering this entropy makes it confident enough to commit in parallel.
     """
-    logp_NV = F.log_softmax(logits_NV.float(), -1)
+    return _confident_entropy(F.log_softmax(logits_NV.float(), -1), logits_NV, targets_N)
+
+
+def _confident_entropy(logp_NV: Tensor, logits_NV: Tensor, targets_N: Tensor) -> Tensor:
     entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
     right_N = logits_NV.argmax(-1) == targets_N
     return (entropy_N * right_N).sum()
+
+
+def loss_and_confident_entropy(logits_NV: Tensor, x0_N: Tensor,
+                               t_N: Tensor) -> tuple[Tensor, Tensor]:
+    """(`masked_diffusion_loss_sum`, `confident_entropy_sum`) from one fp32 log-softmax of the
+    logits (the vocabulary-wide work of a training step, done once instead of twice)."""
+    logp_NV = F.log_softmax(logits_NV.float(), -1)
+    ce_N = F.nll_loss(logp_NV, x0_N, reduction="none")
+    return (ce_N * (1.0 / t_N)).sum(), _confident_entropy(logp_NV, logits_NV, x0_N)
 
 
 def noisy_clean_visibility(pos_BL: Tensor, noisy_pos_BM: Tensor, block_size: int,

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from clover.config import ModelConfig
 from clover.model.diffusion import (
     complementary_mask,
-    confident_entropy_sum,
+    loss_and_confident_entropy,
     mask_tokens,
     masked_diffusion_loss_sum,
     noisy_clean_visibility,
@@ -85,8 +85,8 @@ def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise
     targets_N = batch.ids_BL.reshape(-1).repeat(len(views))[flat]
     t_N = torch.cat([v.t_BL.reshape(-1) for v in views])[flat]
     n = len(views)
-    return LossOutput(masked_diffusion_loss_sum(logits_NV, targets_N, t_N) / n, moe,
-                      confident_entropy_sum(logits_NV, targets_N) / n)
+    loss, entropy = loss_and_confident_entropy(logits_NV, targets_N, t_N)
+    return LossOutput(loss / n, moe, entropy / n)
 
 
 def _flat_index(masked_BL: Tensor) -> Tensor:
