@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from clover.checkpoint import CheckpointError, load, load_model, save
 from clover.checkpoint import adapter as ad
@@ -153,7 +154,8 @@ def test_trained_mask_row_is_stored_alone_and_merged_at_load(base_cache, tokeniz
     assert not any("lora" in k or "token" in k for k in loaded.state_dict())
     torch.testing.assert_close(loaded.embed.weight[config.mask_id], row.detach()[0])
     torch.testing.assert_close(loaded.embed.weight[:-1], base_cache.embed.weight)
-    torch.testing.assert_close(loaded(ids).logits, want, atol=1e-5, rtol=0)
+    # rtol: the unmerged model computes the mask row's logit column on its own (`tied_head`)
+    torch.testing.assert_close(loaded(ids).logits, want, atol=1e-5, rtol=1e-6)
     causal = adapted_config(base_cache.config, "causal", 1, False, "ar")
     with pytest.raises(ValueError, match="--train-mask-row"):
         smol_model(causal, 4, None, train_mask_row=True)
@@ -176,3 +178,38 @@ def test_mask_row_training_can_start_from_an_adapter_without_one(base_cache, tok
     row = next(p for n, p in model.named_parameters() if "trainable_tokens" in n)
     assert row.requires_grad
     torch.testing.assert_close(row.detach()[0], plain.embed.weight[config.mask_id].detach())
+
+
+def test_trained_mask_row_trains_as_in_peft_without_the_full_table(base_cache, monkeypatch):
+    """The embedding lookup and tied head of a model training its mask row (`embed_tokens`,
+    `tied_head`) give PEFT's merged-table logits and the same gradients for the LoRA and the
+    row, without copying the [V, D] table or building its gradient: fewer copies of it."""
+    from clover.model import layers
+    from clover.tasks.airspace.smol import smol_model
+
+    config = adapted_config(base_cache.config, "block", 4, True, "dl")
+    model, _ = smol_model(config, 4, None, train_mask_row=True)
+    assert config.tie_embeddings and model.lm_head is None
+    _random_lora(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        params[-1].add_(torch.randn(params[-1].shape, generator=torch.Generator().manual_seed(5)))
+    ids = torch.tensor([[5, 6, config.mask_id, config.mask_id, 7, 8, 9, config.mask_id]])
+    targets = torch.randint(0, config.vocab_size, (8,), generator=torch.Generator().manual_seed(6))
+    runs, copies, peft_path = [], [], [False]
+    index_copy = torch.Tensor.index_copy
+    monkeypatch.setattr(torch.Tensor, "index_copy", lambda t, *a, **k: copies.append(
+        (peft_path[0], tuple(t.shape))) or index_copy(t, *a, **k))
+    for peft in (False, True):
+        if peft:
+            peft_path[0] = True
+            monkeypatch.setattr(layers, "_trained_rows", lambda embed: None)
+        logits = model.train()(ids).logits[0]
+        loss = F.cross_entropy(logits, targets)
+        runs.append((logits.detach(), torch.autograd.grad(loss, params)))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-5, rtol=1e-5)
+    for fast, peft in zip(runs[0][1], runs[1][1], strict=True):
+        torch.testing.assert_close(fast, peft, atol=1e-6, rtol=1e-4)
+    assert runs[0][1][-1].abs().sum() > 0  # the row gets a gradient (lookup and head)
+    table_copies = [peft for peft, shape in copies if shape == (config.vocab_size, config.dim)]
+    assert table_copies and all(table_copies)  # PEFT's path copies the table; ours never

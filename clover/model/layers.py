@@ -1,4 +1,5 @@
-"""Small layers every Clover model shares: RMSNorm and rotary position embeddings (RoPE)."""
+"""Small layers every Clover model shares: RMSNorm, rotary position embeddings (RoPE), and the
+embedding / tied head of a model training a few embedding rows (PEFT trainable tokens)."""
 
 # Shapes: B batch, L tokens, H heads, Dh head dim, R rotary frequencies
 
@@ -71,3 +72,43 @@ class Rotary(nn.Module):
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _trained_rows(embed: nn.Module) -> tuple[Tensor, list[int], Tensor] | None:
+    """(the frozen base embedding [V, D], the trained rows' token ids, those rows [n, D]) when
+    `embed` is PEFT's trainable-tokens wrapper with one active adapter, unmerged (a LoRA run
+    that trains the mask row); else None."""
+    adapter = getattr(embed, "token_adapter", None)
+    if (adapter is None or adapter.merged or adapter.disable_adapters
+            or len(adapter.active_adapters) != 1):
+        return None
+    name = adapter.active_adapters[0]
+    return (adapter.base_layer.weight, adapter.token_indices[name],
+            adapter.trainable_tokens_delta[name])
+
+
+def embed_tokens(embed: nn.Module, ids_BL: Tensor) -> Tensor:
+    """`embed(ids_BL)`. With trained rows (`_trained_rows`): the frozen table's rows, and the
+    trained ones where their tokens are, the same values as PEFT's lookup in its merged table
+    without copying the [V, D] table (nor building its gradient) each forward."""
+    rows = _trained_rows(embed)
+    if rows is None:
+        return embed(ids_BL)
+    base, tokens, delta = rows
+    x_BLD = F.embedding(ids_BL, base)
+    for j, token in enumerate(tokens):
+        x_BLD = torch.where((ids_BL == token)[..., None], delta[j].to(x_BLD.dtype), x_BLD)
+    return x_BLD
+
+
+def tied_head(embed: nn.Module, h: Tensor) -> Tensor:
+    """Logits of a head tied to `embed`: h @ weight.T. With trained rows: the frozen table's
+    logits with the trained rows' columns put in (h @ rows.T), as PEFT's merged table gives,
+    so backward makes no [V, D] gradient for a table only n rows of which train."""
+    rows = _trained_rows(embed)
+    if rows is None:
+        return h @ embed.weight.T
+    base, tokens, delta = rows
+    logits = h @ base.T
+    index = torch.tensor(tokens, device=logits.device)
+    return logits.index_copy(-1, index, (h @ delta.T).to(logits.dtype))

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from clover.config import ModelConfig
 from clover.model.compiled import CompiledForward
 from clover.model.fused import FastLinear, linear
-from clover.model.layers import RMSNorm, Rotary
+from clover.model.layers import RMSNorm, Rotary, embed_tokens, tied_head
 from clover.model.moe import MoE, MoEStats, SwiGLU
 
 
@@ -329,7 +329,7 @@ class CloverModel(nn.Module):
                                                                return_hidden):
             return ModelOutput(self.compiled(ids_BL, pos_BL, mask_BLS, write, cache,
                                              logits_mask_BL), None)
-        x_BLD = self.embed(ids_BL)
+        x_BLD = embed_tokens(self.embed, ids_BL)
         rope = (self.rotary, *self.rotary.cos_sin(pos_BL, x_BLD.dtype))
         stats: list = []
         valid_N = valid_BL.reshape(-1)
@@ -363,7 +363,7 @@ class CloverModel(nn.Module):
         out = self.head_fast(h) if self.head_fast is not None else None
         if out is not None:
             return out
-        return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
+        return tied_head(self.embed, h) if self.lm_head is None else self.lm_head(h)
 
     def _attention_mask(self, pos_BL, valid_BL, cache, slot_B, cache_rows, attn_mask_BLS):
         cfg = self.config
