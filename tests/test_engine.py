@@ -28,7 +28,7 @@ def _sharpen(model, scale=6.0):
 
 
 @pytest.mark.parametrize("mode", ["block", "causal"])
-@pytest.mark.parametrize("policy", ["threshold", "topk", "entropy"])
+@pytest.mark.parametrize("policy", ["threshold", "prefix", "topk", "entropy"])
 def test_cached_engine_equals_uncached_reference(mode, policy):
     """block/causal caches are exact: the engine reproduces the no-cache decoder token for token."""
     model = _sharpen(_model(mode))
@@ -122,6 +122,27 @@ def test_threshold_and_topk_semantics():
     commit = POLICIES["topk"]().select(p)
     k = (p.masked_BM.sum(-1) + p.steps_left_B - 1) // p.steps_left_B
     assert torch.equal(commit.sum(-1), k)
+
+
+def test_prefix_policy_commits_the_leading_sure_run():
+    """prefix: the first masked column, then each following masked column while every one up to
+    it is >= tau (a loop over each row as the reference); at tau 1.0 only the first."""
+    for seed in range(30):
+        p = _random_proposal(seed)
+        commit = POLICIES["prefix"]().select(p)
+        for b in range(p.masked_BM.shape[0]):
+            want, first = [], True
+            for j in p.masked_BM[b].nonzero().flatten().tolist():
+                if not first and p.conf_BM[b, j] < p.tau_B[b]:
+                    break
+                want.append(j)
+                first = False
+            assert commit[b].nonzero().flatten().tolist() == want
+        p.tau_B.fill_(1.0)
+        first_B = p.masked_BM.long().argmax(-1)
+        assert torch.equal(POLICIES["prefix"]().select(p).sum(-1), p.masked_BM.any(-1).long())
+        rows = p.masked_BM.any(-1)
+        assert POLICIES["prefix"]().select(p)[rows].long().argmax(-1).equal(first_B[rows])
 
 
 def test_engine_never_rewrites_a_committed_position(monkeypatch):

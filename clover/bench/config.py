@@ -19,7 +19,8 @@ from clover.tasks.airspace import ANSWER_MAX_TOKENS, EVAL_SPLITS
 
 DEFAULT_MODEL = "models/clover-smol"
 DEFAULT_AR_MODEL = "models/clover-smol-ar"
-KNOBS = {"threshold": "tau", "topk": "steps_per_block", "entropy": "gamma"}  # policy -> its knob
+# policy -> its knob
+KNOBS = {"threshold": "tau", "prefix": "tau", "topk": "steps_per_block", "entropy": "gamma"}
 KNOB_LABEL = {"tau": "tau", "steps_per_block": "steps", "gamma": "gamma"}
 TASKS = ("airspace",)
 
@@ -85,7 +86,8 @@ class BenchConfig:
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{flag(name)} {why} (got {_show(getattr(self, name))})")
-        for name, knobs in (("taus", "threshold"), ("steps", "topk"), ("gammas", "entropy")):
+        for name, knobs in (("taus", "threshold"), ("taus", "prefix"), ("steps", "topk"),
+                            ("gammas", "entropy")):
             if knobs in self.policies and not getattr(self, name):
                 raise ValueError(f"{flag(name)} is empty but --policies includes {knobs}")
 
@@ -142,7 +144,8 @@ class Point:
 
 
 def knob_values(cfg: BenchConfig, policy: str) -> tuple[float, ...]:
-    return {"threshold": cfg.taus, "topk": cfg.steps, "entropy": cfg.gammas}[policy]
+    return {"threshold": cfg.taus, "prefix": cfg.taus, "topk": cfg.steps,
+            "entropy": cfg.gammas}[policy]
 
 
 def grid(cfg: BenchConfig, model_block: int, with_ar: bool) -> list[list[Point]]:

@@ -25,8 +25,9 @@ _FLAG_HELP = {
     "stop": "stop strings (the text is cut before the first one)",
     "stop_token_ids": "extra token ids that end generation",
     "ignore_eos": "keep decoding after EOS",
-    "policy": "commit policy: threshold | topk | entropy | entropy_bound (uniform canvases)",
-    "tau": "threshold policy: commit positions with confidence >= tau",
+    "policy": "commit policy: threshold | prefix (threshold, left to right) | topk | entropy | "
+              "entropy_bound (uniform canvases)",
+    "tau": "threshold / prefix policies: commit positions with confidence >= tau",
     "steps_per_block": "topk policy: denoising steps per block (uniform canvases: at most)",
     "gamma": "entropy / entropy_bound policies: summed-entropy budget per step (nats)",
     "min_temperature": "uniform canvases: temperature at the last step (linear schedule)",

@@ -59,6 +59,24 @@ class ThresholdPolicy:
         return _at_least_one(p.conf_BM >= p.tau_B[:, None], p)
 
 
+class PrefixPolicy:
+    """Left to right: commit the leading masked positions while each is confident >= tau, the
+    first masked one always. The block fills as a growing prefix, several tokens per forward
+    where the model is sure of each in turn (semi-autoregressive threshold decoding, the
+    longest-accepted-prefix rule of speculative decoding); at tau 1.0 it is AR decoding. A
+    shifted-prediction model adapted from an AR model reads its most AR-like state this way:
+    every proposal it commits has all of its left context decided, where the plain threshold
+    may commit a later position while the one before it is still masked.
+
+    Columns of a row are its masked positions in ascending order (the engine's layout)."""
+
+    def select(self, p: Proposal) -> Tensor:
+        first_BM = p.masked_BM & (p.masked_BM.cumsum(-1) == 1)
+        # a column keeps the run going if it is sure, the first masked one, or not masked at all
+        go_on_BM = (p.conf_BM >= p.tau_B[:, None]) | first_BM | ~p.masked_BM
+        return go_on_BM.long().cumprod(-1).bool() & p.masked_BM
+
+
 class TopKPolicy:
     """LLaDA low-confidence remasking: a fixed number of steps per block, the k most confident.
 
@@ -107,6 +125,7 @@ def _top_by(score_BM: Tensor, k_B: Tensor, p: Proposal) -> Tensor:
 
 POLICIES: dict[str, type] = {
     "threshold": ThresholdPolicy,
+    "prefix": PrefixPolicy,
     "topk": TopKPolicy,
     "entropy": EntropyPolicy,
     "entropy_bound": EntropyBoundPolicy,
