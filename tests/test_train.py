@@ -315,6 +315,61 @@ def test_block_noise_levels_are_per_block_and_batch_independent():
     assert torch.equal(t_blocks, t_blocks[..., :1].expand_as(t_blocks))
 
 
+def _is_suffix(masked: list[bool]) -> bool:
+    return masked == sorted(masked)  # False ... False True ... True
+
+
+def test_suffix_masks_mask_the_last_tokens_of_each_block():
+    """--suffix-masks 1: in every block the masked targets are the block's last targets, as many
+    as the unordered draw masks where the whole block is a target, at the same levels t; alone or
+    in a batch alike. At 0.5 some blocks are masked anywhere, some as a suffix."""
+    cfg = tiny("block")
+    examples = toy_examples(5, seed=2)
+    batch = default_collator(cfg)(examples, [11, 12, 13, 14, 15])
+    anywhere, ordered = batch_noise(batch, cfg), batch_noise(batch, cfg, suffix=1.0)
+    assert torch.equal(anywhere.t_BL, ordered.t_BL)
+    assert not (ordered.masked_BL & ~batch.target_BL).any()
+    bs = cfg.block_size
+    full_blocks = 0
+    for b in range(5):
+        for s in range(0, int(batch.length_B[b]), bs):
+            target = batch.target_BL[b, s:s + bs]
+            got = ordered.masked_BL[b, s:s + bs][target].tolist()
+            assert _is_suffix(got)
+            if target.all() and s + bs <= int(batch.length_B[b]):
+                full_blocks += 1
+                assert sum(got) == int(anywhere.masked_BL[b, s:s + bs].sum())
+    assert full_blocks > 5
+    alone = batch_noise(default_collator(cfg)(examples[2:3], [13]), cfg, suffix=1.0)
+    n = alone.xt_BL.shape[1]
+    assert torch.equal(ordered.xt_BL[2, :n], alone.xt_BL[0])
+    half = batch_noise(batch, cfg, suffix=0.5)
+    shapes = {_is_suffix(half.masked_BL[b, s:s + bs][batch.target_BL[b, s:s + bs]].tolist())
+              for b in range(5) for s in range(0, int(batch.length_B[b]), bs)}
+    assert shapes == {True, False}
+
+
+def test_suffix_masks_shape_training_noise_only(monkeypatch):
+    """The trainer's steps draw suffix-shaped noise at the configured share; validation keeps
+    masks anywhere (comparable across runs); out-of-range shares are refused."""
+    import clover.train.loop as loop
+
+    seen, original = [], loop.batch_noise
+
+    def spy(batch, config, eps=1e-3, suffix=0.0):
+        seen.append(suffix)
+        return original(batch, config, eps, suffix)
+
+    monkeypatch.setattr(loop, "batch_noise", spy)
+    model = build_model(tiny("block", shift_logits=True), seed=0)
+    trainer = Trainer(model, toy_examples(16), _config(steps=2, batch_size=4, suffix_masks=0.5),
+                      val_data=toy_examples(4, seed=9))
+    trainer.fit()
+    assert seen.count(0.5) == 2 and seen[-1] == 0.0
+    with pytest.raises(ValueError, match="suffix_masks"):
+        _config(suffix_masks=1.5)
+
+
 def test_sft_never_masks_prompt_and_fills_eos_to_block_boundary():
     """Prompt tokens are never noised or scored; the response is followed by EOS up to a block
     boundary, and those EOS are targets (the model learns to stop by filling EOS)."""

@@ -76,7 +76,8 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
                                                      ("stop_after", 2, "--stop-after"),
                                                      ("ar_mix", -1.0, "--ar-mix"),
                                                      ("complementary", True,
-                                                      "--complementary-masks")])
+                                                      "--complementary-masks"),
+                                                     ("suffix_masks", 0.5, "--suffix-masks")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),

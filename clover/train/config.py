@@ -38,6 +38,8 @@ class TrainConfig:
     ar_coef: float = 0.0  # diffusion models: weight of a next-token loss under a causal mask
     prefix_grad: bool = True  # False: the shared prompt prefix runs under no_grad (cheaper)
     complementary: bool = False  # block diffusion: a second view masked where the first is not
+    suffix_masks: float = 0.0  # block diffusion: share of blocks masked as a suffix (training
+    # only; validation keeps masks anywhere in the block, comparable across runs)
     eval_every: int = 0  # validation loss (and the evaluate hook) every N steps; 0: at the end
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     log_every: int = 10
@@ -58,6 +60,7 @@ class TrainConfig:
             (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
             (self.grad_clip >= 0, "grad_clip", "must be >= 0"),
             (self.ar_coef >= 0, "ar_coef", "must be >= 0"),
+            (0 <= self.suffix_masks <= 1, "suffix_masks", "must be in [0, 1]"),
             (self.log_every >= 1, "log_every", "must be >= 1"),
             (self.parallel in PARALLEL_MODES, "parallel", f"must be one of {PARALLEL_MODES}"),
             (not self.resume or self.work_dir, "resume", "needs work_dir"),

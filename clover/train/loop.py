@@ -190,7 +190,8 @@ class Trainer:
             last = i == len(batches) - 1
             with self.parallel.sync(self.net, self.model, enabled=last):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                    noise = batch_noise(batch, self.model_config, cfg.noise_eps)
+                    noise = batch_noise(batch, self.model_config, cfg.noise_eps,
+                                        cfg.suffix_masks)
                     out = self.net(batch, noise)
                 # DDP and FSDP2 average gradients over processes: scale by world to sum.
                 loss = out.loss_sum * (world / num_targets)

@@ -53,11 +53,14 @@ class LossOutput:
     ar_sum: Tensor | None = None
 
 
-def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
+def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3,
+               suffix: float = 0.0) -> Noise:
     """Per row: t (one per block for `block`, one per row for `full`), then a mask draw per token.
 
     Each row uses its own generator (seed_B), drawing a count that depends only on the row's own
     length, so the same example at the same step gets the same noise in any batch or process.
+    `suffix` (block models): the share of blocks whose masked tokens are the block's last ones
+    (`order_block_draws`) instead of anywhere in it.
     """
     B, L = batch.ids_BL.shape
     block_size = config.block_size if config.attention == "block" else L
@@ -69,11 +72,30 @@ def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
         t_row = sample_block_t(n, block_size, eps=eps, gen=gen)[:L]
         t_BL[b, :t_row.numel()] = t_row
         u_BL[b, :n] = torch.rand(n, generator=gen)
+        if suffix:
+            u_BL[b, :n] = order_block_draws(u_BL[b, :n], block_size, suffix, gen)
     device = batch.ids_BL.device
     t_BL = t_BL.to(device)
     xt_BL, masked_BL = mask_tokens(batch.ids_BL, t_BL, config.mask_id,
                                    maskable_BL=batch.target_BL, u_BL=u_BL.to(device))
     return Noise(xt_BL, masked_BL, t_BL)
+
+
+def order_block_draws(u_n: Tensor, block_size: int, share: float,
+                      gen: torch.Generator) -> Tensor:
+    """The uniform mask draws of one row with a `share` of its blocks (chosen with `gen`) sorted
+    to fall along the block: a token is masked where its draw is below the block's level t, so
+    such a block masks a suffix of itself, as many tokens as its unsorted draws would have
+    masked. That is the state left-to-right decoding (the `prefix` policy) meets: the block's
+    first tokens decided, the rest masked."""
+    n = u_n.numel()
+    num_blocks = -(-n // block_size)
+    u_KB = torch.full((num_blocks * block_size,), float("-inf"))
+    u_KB[:n] = u_n
+    u_KB = u_KB.view(num_blocks, block_size)
+    ordered_KB = u_KB.sort(-1, descending=True).values  # the row's padding (-inf) stays last
+    pick_K = torch.rand(num_blocks, generator=gen) < share
+    return torch.where(pick_K[:, None], ordered_KB, u_KB).reshape(-1)[:n]
 
 
 def _selected_loss(logits_NV: Tensor, src_BS: Tensor, batch: Batch, noise: Noise | list[Noise],
@@ -357,11 +379,12 @@ def clean_noise(batch: Batch) -> Noise:
     return Noise(batch.ids_BL, torch.zeros_like(batch.target_BL), ones)
 
 
-def batch_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3) -> Noise:
+def batch_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3,
+                suffix: float = 0.0) -> Noise:
     """Noise for the config's objective (causal models train on clean tokens, t = 1)."""
     if config.attention == "causal":
         return clean_noise(batch)
-    return draw_noise(batch, config, eps)
+    return draw_noise(batch, config, eps, suffix)
 
 
 def first_target(config: ModelConfig) -> int:

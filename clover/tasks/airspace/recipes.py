@@ -306,6 +306,7 @@ class RunArgs:
     micro_batch_size: int | None = None  # examples per forward (default: the recipe's)
     prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
     complementary: bool = False  # block diffusion: add the complementary masked view
+    suffix_masks: float = 0.0  # block diffusion: share of blocks masked as a suffix
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -333,6 +334,10 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     recipe = RECIPES[args.recipe]
     if args.complementary and args.attention != "block":
         raise ValueError(f"--complementary-masks: only for --attention block ({args.attention})")
+    if args.suffix_masks and args.attention != "block":
+        raise ValueError(f"--suffix-masks: only for --attention block ({args.attention})")
+    if not 0.0 <= args.suffix_masks <= 1.0:
+        raise ValueError(f"--suffix-masks={args.suffix_masks} must be in [0, 1]")
     if recipe.base and args.parallel != "ddp":
         raise ValueError(f"--parallel {args.parallel}: the LoRA recipe {recipe.name} trains with "
                          "--parallel ddp only")
@@ -350,7 +355,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         warmup_steps=min(recipe.warmup_steps, (args.steps or recipe.steps) // 10),
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
         prefix_grad=args.prefix_grad, complementary=args.complementary, work_dir=str(work),
-        sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
+        suffix_masks=args.suffix_masks, sharpen_coef=args.sharpen, ar_coef=args.ar_mix,
+        resume=args.resume,
         stop_after=args.stop_after, eval_every=0, save_every=25, log_every=5,
         progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
@@ -411,7 +417,7 @@ def _training_info(args: RunArgs, recipe: Recipe, cfg: TrainConfig, trainer: Tra
         "seed": args.seed, "lr": cfg.lr, "shift_logits": args.shift_logits,
         "sharpen": args.sharpen, "ar_mix": args.ar_mix, "copy_mix": args.copy_mix,
         "prompt_loss": args.prompt_loss, "complementary_masks": args.complementary,
-        "config_overrides": args.config_overrides,
+        "suffix_masks": args.suffix_masks, "config_overrides": args.config_overrides,
         "prompt_format": prompt_format(tokenizer), "save_dtype": args.save_dtype,
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),

@@ -27,6 +27,7 @@ def _train(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, block_size=args.block_size, init_adapter=args.init_adapter,
         save_every=args.save_every, micro_batch_size=args.micro_batch_size,
         prefix_grad=not args.no_prefix_grad, complementary=args.complementary_masks,
+        suffix_masks=args.suffix_masks,
         train_mask_row=args.train_mask_row,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
@@ -85,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="block diffusion: each example also trains a second view masked exactly "
                         "where the first is not, so every response token gets a loss "
                         "(Fast-dLLM v2); about 1.3x the step cost")
+    p.add_argument("--suffix-masks", type=float, default=0.0, metavar="F",
+                   help="block diffusion: share of blocks whose masked tokens are the block's "
+                        "last ones (the state left-to-right decoding, --policy prefix, meets) "
+                        "instead of anywhere in it; as many tokens masked either way")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the recipe's model config, e.g. --set "
                         "num_dense_layers=4 (repeatable; values are JSON or text)")
