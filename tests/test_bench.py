@@ -40,17 +40,20 @@ def model_dirs(tmp_path_factory):
 
 def test_grid_puts_each_ar_point_beside_its_diffusion_points():
     """One group per (precision, batch); AR first; the dLLM gets policy x knob x block."""
-    cfg = BenchConfig(policies=("threshold", "topk"), taus=(0.7, 0.9), steps=(4,),
+    cfg = BenchConfig(policies=("threshold", "prefix", "topk"), taus=(0.7, 0.9), steps=(4,),
                       block_sizes=(0, 4), batch_sizes=(1, 8), precisions=("fp32", "int8"))
     groups = grid(cfg, model_block=8, with_ar=True)
     assert len(groups) == 4
     for group in groups:
         assert group[0].role == "ar" and all(p.role == "dllm" for p in group[1:])
         assert len({(p.precision, p.batch_size) for p in group}) == 1
-        assert len(group) == 1 + 3 * 2  # (2 taus + 1 steps) x blocks {8, 4}
+        assert len(group) == 1 + 5 * 2  # (2 + 2 taus + 1 steps) x blocks {8, 4}
     assert {p.block_size for p in groups[0][1:]} == {8, 4}
+    prefix = [p for p in groups[0] if p.policy == "prefix"]
+    assert {p.value for p in prefix} == {0.7, 0.9}
+    assert prefix[0].params(cfg, False).tau == prefix[0].value
     order = run_order(groups[:1], repeats=2)
-    assert [p for _, p in order[:7]] == groups[0] and [p for _, p in order[7:]] == groups[0][::-1]
+    assert [p for _, p in order[:11]] == groups[0] and [p for _, p in order[11:]] == groups[0][::-1]
 
 
 def test_point_params_carry_the_policy_knob():
@@ -65,6 +68,7 @@ def test_point_params_carry_the_policy_knob():
     ({"taus": (1.5,)}, "--taus"), ({"precisions": ("int4",)}, "--precisions"),
     ({"batch_sizes": (0,)}, "--batch-sizes"), ({"policies": ("greedy",)}, "--policies"),
     ({"policies": ("entropy",), "gammas": ()}, "--gammas"), ({"repeats": 0}, "--repeats"),
+    ({"policies": ("prefix",), "taus": ()}, "--taus"),
 ])
 def test_bad_settings_name_the_flag(changes, flag):
     with pytest.raises(ValueError, match=flag):
