@@ -107,8 +107,11 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    help="airspace split to draw messages from (real-dev: hand-labelled real ones)")
     p.add_argument("--messages", default=None, help="your own messages (JSONL: id, text, zones?)")
     p.add_argument("--out", default=d.out, help="output directory (report.json, map.html)")
-    p.add_argument("--policy", default=d.policy)
-    p.add_argument("--tau", type=float, default=d.tau)
+    p.add_argument("--policy", default=d.policy,
+                   help=f"the diffusion model's commit policy (default {d.policy}): threshold | "
+                        "prefix | topk | entropy (clover.engine.policies)")
+    p.add_argument("--tau", type=float, default=d.tau,
+                   help=f"threshold / prefix policies: confidence threshold (default {d.tau})")
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=d.max_tokens)
     p.add_argument("--max-turns", dest="max_turns", type=int, default=d.max_turns)
     add_grammar_flag(p)

@@ -123,7 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", type=_list(str), default=None,
                    help=f"commit policies (default {','.join(d.policies)})")
     p.add_argument("--taus", type=_list(float), default=None,
-                   help=f"threshold policy: confidence thresholds (default {_csv(d.taus)})")
+                   help=f"threshold / prefix policies: confidence thresholds (default "
+                        f"{_csv(d.taus)})")
     p.add_argument("--steps", type=_list(int), default=None,
                    help=f"topk policy: denoising steps per block (default {_csv(d.steps)})")
     p.add_argument("--gammas", type=_list(float), default=None,
