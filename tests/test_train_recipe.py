@@ -7,7 +7,7 @@ import pytest
 
 from clover import checkpoint
 from clover.tasks.airspace import recipes
-from clover.tasks.airspace.train_cli import register
+from clover.tasks.airspace.train_cli import parse_overrides, register
 
 
 @pytest.fixture
@@ -94,12 +94,12 @@ def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, 
 def test_bad_config_override_names_the_flag(items, message):
     with pytest.raises(ValueError, match=message) as e:
         recipes.recipe_config(recipes.RECIPES["airspace-tiny"], "causal",
-                              overrides=recipes.parse_overrides(items))
+                              overrides=parse_overrides(items))
     assert "--set" in str(e.value)
 
 
 def test_config_override_values_are_json_or_text():
-    assert recipes.parse_overrides(["dim=64", "qk_norm=true", "router=sigmoid"]) == {
+    assert parse_overrides(["dim=64", "qk_norm=true", "router=sigmoid"]) == {
         "dim": 64, "qk_norm": True, "router": "sigmoid"}
     config = recipes.recipe_config(recipes.RECIPES["airspace-tiny"], "block", True,
                                    {"num_dense_layers": 4})

@@ -208,20 +208,6 @@ def recipe_config(recipe: Recipe, attention: str, shift_logits: bool = False,
         raise ValueError(f"--set {overrides}: {e}") from e
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` items -> {key: value}; values are JSON (numbers, true, null) or text."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_experts=0")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
-
-
 def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverModel:
     """Fresh weights, or another model directory's (shapes must match; attention may differ)."""
     model = build_model(config, seed=seed)
@@ -332,12 +318,11 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
     if args.recipe not in RECIPES:
         raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[args.recipe]
-    if args.complementary and args.attention != "block":
-        raise ValueError(f"--complementary-masks: only for --attention block ({args.attention})")
-    if args.suffix_masks and args.attention != "block":
-        raise ValueError(f"--suffix-masks: only for --attention block ({args.attention})")
-    if not 0.0 <= args.suffix_masks <= 1.0:
-        raise ValueError(f"--suffix-masks={args.suffix_masks} must be in [0, 1]")
+    for flag, value in (("--complementary-masks", args.complementary),
+                        ("--suffix-masks", args.suffix_masks)):
+        if value and args.attention != "block" or not 0 <= value <= 1:
+            raise ValueError(f"{flag}={value}: only for --attention block ({args.attention}), "
+                             "in [0, 1]")
     if recipe.base and args.parallel != "ddp":
         raise ValueError(f"--parallel {args.parallel}: the LoRA recipe {recipe.name} trains with "
                          "--parallel ddp only")
@@ -356,9 +341,8 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
         prefix_grad=args.prefix_grad, complementary=args.complementary, work_dir=str(work),
         suffix_masks=args.suffix_masks, sharpen_coef=args.sharpen, ar_coef=args.ar_mix,
-        resume=args.resume,
-        stop_after=args.stop_after, eval_every=0, save_every=25, log_every=5,
-        progress=args.progress)
+        resume=args.resume, stop_after=args.stop_after, eval_every=0, save_every=25,
+        log_every=5, progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
     num_train = train_cfg.steps * train_cfg.batch_size
     drawn = generate_examples("train", num_train, seed=args.seed)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
-from clover.tasks.airspace.recipes import RECIPES, RunArgs, parse_overrides, run_recipe
+from clover.tasks.airspace.recipes import RECIPES, RunArgs, run_recipe
 from clover.train import DistEnv
 
 
@@ -82,6 +83,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-loss", action="store_true",
                    help="train on the prompt tokens too (language-model loss on the message), "
                         "not only on the response")
+    _add_mask_flags(p)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the recipe's model config, e.g. --set "
+                        "num_dense_layers=4 (repeatable; values are JSON or text)")
+    _add_base_recipe_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
+    p.set_defaults(func=_train)
+
+
+def _add_mask_flags(p: argparse.ArgumentParser) -> None:
+    """Block diffusion: which masked views a training step sees."""
     p.add_argument("--complementary-masks", action="store_true",
                    help="block diffusion: each example also trains a second view masked exactly "
                         "where the first is not, so every response token gets a loss "
@@ -90,12 +102,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="block diffusion: share of blocks whose masked tokens are the block's "
                         "last ones (the state left-to-right decoding, --policy prefix, meets) "
                         "instead of anywhere in it; as many tokens masked either way")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the recipe's model config, e.g. --set "
-                        "num_dense_layers=4 (repeatable; values are JSON or text)")
-    _add_base_recipe_flags(p)
-    p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
-    p.set_defaults(func=_train)
 
 
 def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
@@ -120,3 +126,16 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "tools) without gradient, once per optimizer step: cheaper steps (a "
                         "truncated gradient)")
 
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> {key: value}; values are JSON (numbers, true, null) or text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_experts=0")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
