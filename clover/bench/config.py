@@ -22,6 +22,7 @@ DEFAULT_AR_MODEL = "models/clover-smol-ar"
 # policy -> its knob
 KNOBS = {"threshold": "tau", "prefix": "tau", "topk": "steps_per_block", "entropy": "gamma"}
 KNOB_LABEL = {"tau": "tau", "steps_per_block": "steps", "gamma": "gamma"}
+KNOB_FIELD = {"tau": "taus", "steps_per_block": "steps", "gamma": "gammas"}  # its BenchConfig list
 TASKS = ("airspace",)
 
 # `--quick`: 12 runs on 16 messages (fp32 and int8, tau 0.7 / 0.9, batch 1 / 8), under 10 minutes
@@ -86,10 +87,10 @@ class BenchConfig:
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{flag(name)} {why} (got {_show(getattr(self, name))})")
-        for name, knobs in (("taus", "threshold"), ("taus", "prefix"), ("steps", "topk"),
-                            ("gammas", "entropy")):
-            if knobs in self.policies and not getattr(self, name):
-                raise ValueError(f"{flag(name)} is empty but --policies includes {knobs}")
+        for policy in self.policies:
+            name = KNOB_FIELD[KNOBS[policy]]
+            if not getattr(self, name):
+                raise ValueError(f"{flag(name)} is empty but --policies includes {policy}")
 
     def replace(self, **changes: Any) -> BenchConfig:
         return dataclasses.replace(self, **changes)
@@ -144,8 +145,7 @@ class Point:
 
 
 def knob_values(cfg: BenchConfig, policy: str) -> tuple[float, ...]:
-    return {"threshold": cfg.taus, "prefix": cfg.taus, "topk": cfg.steps,
-            "entropy": cfg.gammas}[policy]
+    return getattr(cfg, KNOB_FIELD[KNOBS[policy]])
 
 
 def grid(cfg: BenchConfig, model_block: int, with_ar: bool) -> list[list[Point]]:

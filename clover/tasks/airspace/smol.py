@@ -109,8 +109,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
         warmup_steps=min(recipe.warmup_steps, steps // 10), weight_decay=0.0,
         prefix_grad=args.prefix_grad, complementary=args.complementary,
         suffix_masks=args.suffix_masks, seed=args.seed, device=args.device, bf16=args.bf16,
-        work_dir=str(work),
-        sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
+        work_dir=str(work), sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
         stop_after=args.stop_after, eval_every=0, save_every=args.save_every or 20, log_every=1,
         progress=args.progress)
     tokenizer = smol_tokenizer(config)
