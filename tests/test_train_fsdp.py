@@ -15,7 +15,7 @@ from clover.config import get_preset
 from clover.engine.llm import LLM
 from clover.engine.params import SamplingParams
 from clover.model import build_model
-from clover.train import TrainConfig, Trainer, close_distributed, sft_example
+from clover.train import TrainConfig, Trainer, sft_example
 
 STEPS, STOP = 4, 2
 
@@ -54,8 +54,7 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
     data, val = _examples(64), _examples(5, seed=9)  # 5: the ranks hold 3 and 2 val examples
-    stopped = Trainer(_model(), data, _config("fsdp", work_dir=f"{root}/work", stop_after=STOP))
-    stopped.fit()
+    Trainer(_model(), data, _config("fsdp", work_dir=f"{root}/work", stop_after=STOP)).fit()
     trainer = Trainer(_model(), data, _config("fsdp"), val_data=val,
                       tokenizer=load_tokenizer(f"{root}/tok"),
                       evaluate=lambda model, step: {"param_sum": _param_sum(model)})
@@ -64,7 +63,8 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
     result = {"losses": trainer.state.losses, "summary": summary,
               "sharded": type(trainer.model).__name__}
     Path(root, f"{rank}.json").write_text(json.dumps(result))
-    close_distributed()
+    trainer.close()
+    os._exit(0)  # no interpreter finalization: torch's gloo teardown there has aborted done ranks
 
 
 def _free_port() -> int:

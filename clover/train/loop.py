@@ -12,6 +12,7 @@ uses torch.distributed (`distributed.py`); rank 0 alone writes files and prints 
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import json
 import math
@@ -38,7 +39,13 @@ from clover.train.data import (
     shard,
     step_indices,
 )
-from clover.train.distributed import DistEnv, all_reduce_sum, init_distributed, resolve_device
+from clover.train.distributed import (
+    DistEnv,
+    all_reduce_sum,
+    close_distributed,
+    init_distributed,
+    resolve_device,
+)
 from clover.train.objectives import (
     OBJECTIVES,
     Objective,
@@ -281,6 +288,16 @@ class Trainer:
         if model is None:
             return None
         return checkpoint.save(model, self.tokenizer, path, extra=extra, dtype=dtype)
+
+    def close(self) -> None:
+        """Leave the process group (every process calls it once training and export are done).
+
+        The DDP wrapper and the optimizer go first, while the interpreter is fully alive: gloo
+        work they still hold, released only at interpreter exit after the group is gone, can
+        abort the process (SIGABRT, "terminate called without an active exception")."""
+        self.net = self.optimizer = None
+        gc.collect()
+        close_distributed()
 
     # ---- the run ----
     def fit(self) -> dict[str, Any]:

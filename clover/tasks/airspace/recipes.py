@@ -25,7 +25,7 @@ from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS
 from clover.tokenizer import PROMPT_FORMATS
-from clover.train import DistEnv, TrainConfig, Trainer, close_distributed
+from clover.train import DistEnv, TrainConfig, Trainer
 from clover.train.data import TokenExample, sft_example
 
 SPECIAL_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|eos|>")
@@ -366,7 +366,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
             "training.json": json.dumps(info, indent=2) + "\n",
             "README.md": _readme(config, info)}, dtype=getattr(torch, args.save_dtype))
         summary["out"] = str(out)
-    close_distributed()
+    trainer.close()
     return summary
 
 

@@ -23,7 +23,7 @@ import torch
 from clover.checkpoint import adapter
 from clover.checkpoint.base import BASE_NAME, GGUF_SHA256, require_base
 from clover.config import ModelConfig
-from clover.train import DistEnv, TrainConfig, Trainer, close_distributed
+from clover.train import DistEnv, TrainConfig, Trainer
 from clover.train.data import TokenExample, sft_example
 
 
@@ -131,7 +131,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
                                    "mask_token": _mask_row_note(config, args.train_mask_row)},
                              extra={"training.json": json.dumps(info, indent=2) + "\n"})
         summary["out"] = str(out)
-    close_distributed()
+    trainer.close()
     return summary
 
 
