@@ -132,6 +132,27 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
     exactly where the first is not (`complementary_mask`): every target gets a loss, the clean
     copy is computed once for both, and the loss is the mean of the two views'.
     """
+    out, src_BS, batch, views = _block_forward(model, config, batch, noise, share_prefix,
+                                               prefix_grad, complementary, prefix_memo)
+    return _selected_loss(out.logits, src_BS, batch, views, out.moe)
+
+
+def masked_predictions(model: nn.Module, config: ModelConfig, batch: Batch,
+                       noise: Noise) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The logits `block_diffusion` scores, one row per masked target of `noise` (one view, the
+    shared prompt run once), with each row's batch row, position and target token."""
+    out, src_BS, batch, _ = _block_forward(model, config, batch, noise, True, False, False, None)
+    flat = src_BS[src_BS >= 0]
+    L = batch.ids_BL.shape[1]
+    return (out.logits, flat // L, batch.pos_BL.reshape(-1)[flat],
+            batch.ids_BL.reshape(-1)[flat])
+
+
+def _block_forward(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise,
+                   share_prefix: bool, prefix_grad: bool, complementary: bool,
+                   prefix_memo: PrefixMemo | None):
+    """`block_diffusion`'s forward: (model output with its MoE stats merged, src_BS, the batch
+    without the shared prefix, the noised views)."""
     P = shared_prefix_len(batch, config) if share_prefix else 0
     cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
                                                    copies=3 if complementary else 2,
@@ -170,8 +191,8 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
         attn = torch.cat([attn.new_ones(B, attn.shape[1], P), attn], 2)[:, :, :_cache_end(P, valid)]
     out = model(ids, pos, cache=cache, valid_BL=valid, logits_mask_BL=src_BS >= 0,
                 attn_mask_BLS=attn)
-    moe = _merge_moe(prefix_moe, P, out.moe, int(valid.sum()))
-    return _selected_loss(out.logits, src_BS, batch, views, moe)
+    out.moe = _merge_moe(prefix_moe, P, out.moe, int(valid.sum()))
+    return out, src_BS, batch, views
 
 
 def block_diffusion_reference(model: nn.Module, config: ModelConfig, batch: Batch,
