@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from clover.train.data import Collator, TokenExample, chunks
-from clover.train.objectives import Noise, masked_predictions
+from clover.train.objectives import Noise, PrefixMemo, masked_predictions
 
 BINS = (0.0, 0.5, 0.7, 0.9, 0.95, 0.99, 1.0)
 
@@ -60,23 +60,25 @@ def probe(model: torch.nn.Module, examples: Sequence[TokenExample], collator: Co
     if config.attention == "causal":
         _probe_causal(model, examples, collator, batch_size, device, out)
         return out
-    bs = config.block_size
+    bs, memo = config.block_size, PrefixMemo()  # the shared system prompt runs once
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))  # little padding
     for k in range(bs):
-        for first, chunk in enumerate(chunks(examples, batch_size)):
+        for idx in chunks(order, batch_size):
+            chunk = [examples[i] for i in idx]
             batch = collator(chunk, range(len(chunk))).to(device)  # seeds: no noise drawn
             masked = batch.target_BL & (batch.pos_BL % bs >= k)
             if not masked.any():
                 continue
             noise = Noise(torch.where(masked, config.mask_id, batch.ids_BL), masked,
                           torch.ones_like(batch.ids_BL, dtype=torch.float32))
-            logits, row, pos, gold = masked_predictions(model, config, batch, noise)
+            logits, row, pos, gold = masked_predictions(model, config, batch, noise, memo)
             conf, pred = logits.float().softmax(-1).max(-1)
             block = pos // bs
             keep = batch.target_BL[row, block * bs + k]  # the frontier itself is a target
             for r, b, p, c, ok in zip(row[keep].tolist(), block[keep].tolist(),
                                       pos[keep].tolist(), conf[keep].tolist(),
                                       (pred == gold)[keep].tolist(), strict=True):
-                out.example.append(first * batch_size + r)
+                out.example.append(idx[r])
                 out.block.append(b)
                 out.frontier.append(k)
                 out.dist.append(p % bs - k)

@@ -138,10 +138,12 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
 
 
 def masked_predictions(model: nn.Module, config: ModelConfig, batch: Batch,
-                       noise: Noise) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       noise: Noise, memo: PrefixMemo | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The logits `block_diffusion` scores, one row per masked target of `noise` (one view, the
-    shared prompt run once), with each row's batch row, position and target token."""
-    out, src_BS, batch, _ = _block_forward(model, config, batch, noise, True, False, False, None)
+    shared prompt run once, or reused from `memo`), with each row's batch row, position and
+    target token."""
+    out, src_BS, batch, _ = _block_forward(model, config, batch, noise, True, False, False, memo)
     flat = src_BS[src_BS >= 0]
     L = batch.ids_BL.shape[1]
     return (out.logits, flat // L, batch.pos_BL.reshape(-1)[flat],
