@@ -77,7 +77,8 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
                                                      ("ar_mix", -1.0, "--ar-mix"),
                                                      ("complementary", True,
                                                       "--complementary-masks"),
-                                                     ("suffix_masks", 0.5, "--suffix-masks")])
+                                                     ("suffix_masks", 0.5, "--suffix-masks"),
+                                                     ("eval_every", -1, "--eval-every")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
@@ -104,6 +105,22 @@ def test_config_override_values_are_json_or_text():
     config = recipes.recipe_config(recipes.RECIPES["airspace-tiny"], "block", True,
                                    {"num_dense_layers": 4})
     assert config.num_dense_layers == 4 and config.shift_logits and config.attention == "block"
+
+
+def test_mid_run_evaluations_log_the_calibration_probe(smoke_recipe, tmp_path):
+    """--eval-every 1 --calibration-examples 2: every step's log entry holds the probe's
+    next-token accuracy and the replayed prefix policy at tau 1.0 (TPF 1) and 0.9."""
+    work = tmp_path / "w"
+    recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
+                                       work_dir=str(work), device="cpu", attention="block",
+                                       eval_examples=0, eval_every=1, calibration_examples=2,
+                                       progress=False))
+    logged = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    probed = [e for e in logged if "cal_next_token_acc" in e]
+    assert [e["step"] for e in probed] == [1, 2]
+    for e in probed:
+        assert 0 <= e["cal_next_token_acc"] <= 1 and e["cal_tpf_1.0"] == 1.0
+        assert e["cal_tpf_0.9"] >= 1.0 and 0 <= e["cal_all_right_0.9"] <= 1
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ probability). From them:
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,3 +157,31 @@ def replay_prefix(p: Probe, tau: float) -> dict:
     return {"tau": tau, "tpf": tokens / max(forwards, 1), "tokens": tokens,
             "forwards": forwards, "wrong_share": wrong / max(tokens, 1),
             "replies_all_right": 1 - len(wrong_examples) / max(examples, 1)}
+
+
+def calibration_evaluator(examples: Sequence[TokenExample], collator: Collator,
+                          taus: Sequence[float] = (1.0, 0.9), batch_size: int = 8):
+    """A `Trainer` evaluate hook: probe `examples` and report the next-token accuracy and, per
+    tau, the replayed prefix policy's TPF and share of replies with no wrong commit."""
+
+    def evaluate(model: torch.nn.Module, step: int) -> dict:
+        start = time.perf_counter()
+        p = probe(model, examples, collator, batch_size)
+        out = {"cal_next_token_acc": round(by_distance(p)[0]["accuracy"], 4)}
+        for tau in taus:
+            r = replay_prefix(p, tau)
+            out[f"cal_tpf_{tau}"] = round(r["tpf"], 3)
+            out[f"cal_all_right_{tau}"] = round(r["replies_all_right"], 4)
+        out["cal_s"] = round(time.perf_counter() - start, 1)
+        return out
+
+    return evaluate
+
+
+def combine_evaluators(*hooks):
+    """One evaluate hook running each given one (None ones skipped) and merging their metrics;
+    None when none is given."""
+    hooks = [h for h in hooks if h is not None]
+    if not hooks:
+        return None
+    return lambda model, step: {k: v for h in hooks for k, v in h(model, step).items()}

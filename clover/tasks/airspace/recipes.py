@@ -24,6 +24,7 @@ from clover import checkpoint
 from clover.config import ModelConfig, get_preset
 from clover.model import CloverModel, build_model
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS
+from clover.tasks.airspace.evaluators import task_evaluator
 from clover.tokenizer import PROMPT_FORMATS
 from clover.train import DistEnv, TrainConfig, Trainer
 from clover.train.data import TokenExample, sft_example
@@ -222,40 +223,6 @@ def init_model(config: ModelConfig, init_from: str | None, seed: int) -> CloverM
     return model
 
 
-# ---- evaluation ---------------------------------------------------------------------------------
-
-def airspace_evaluator(tokenizer, examples: list, max_tokens: int = ANSWER_MAX_TOKENS):
-    """Decode `examples` with the engine (greedy) and score the tool calls; None if no engine."""
-    try:
-        from clover.engine import LLM, SamplingParams
-    except ImportError:
-        return None
-    from clover.tasks.airspace import TOOLS, score
-    from clover.tokenizer import render_chat
-
-    prompts = [tokenizer.encode(render_chat(tokenizer, ex.messages(tools=True)[:-1], TOOLS,
-                                                 fixed_task_prompt=True))
-               for ex in examples]
-
-    def evaluate(model: CloverModel, step: int) -> dict[str, Any]:
-        start = time.perf_counter()
-        llm = LLM(model, tokenizer, device=str(next(model.parameters()).device), dtype="float32")
-        outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-        result = score([o.text for o in outs], examples)
-        keep = ("zone_f1", "field_accuracy", "exact_message_accuracy", "tool_call_validity",
-                "mean_centre_error_m")
-        metrics = {f"eval_{k}": _round(result[k]) for k in keep}
-        metrics["eval_errors"] = result["errors"]
-        metrics["eval_s"] = round(time.perf_counter() - start, 1)
-        return metrics
-
-    return evaluate
-
-
-def _round(x: Any) -> Any:
-    return round(x, 4) if isinstance(x, float) else x
-
-
 # ---- the run ------------------------------------------------------------------------------------
 
 @dataclass(kw_only=True)
@@ -293,6 +260,8 @@ class RunArgs:
     prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
     complementary: bool = False  # block diffusion: add the complementary masked view
     suffix_masks: float = 0.0  # block diffusion: share of blocks masked as a suffix
+    eval_every: int = 0  # evaluate every N steps (0: at the end only)
+    calibration_examples: int = 0  # validation replies probed teacher-forced at each evaluation
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -305,6 +274,9 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
                          f"models (--attention block or full; got {args.attention})")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
+    if args.eval_every < 0 or args.calibration_examples < 0:
+        raise ValueError(f"--eval-every={args.eval_every}, --calibration-examples="
+                         f"{args.calibration_examples}: must be >= 0")
     steps = args.steps or recipe.steps
     if args.stop_after is not None and not 0 < args.stop_after < steps:
         raise ValueError(f"--stop-after={args.stop_after} must be a step in 1..{steps - 1} "
@@ -341,7 +313,7 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         seed=args.seed, device=args.device, parallel=args.parallel, bf16=args.bf16,
         prefix_grad=args.prefix_grad, complementary=args.complementary, work_dir=str(work),
         suffix_masks=args.suffix_masks, sharpen_coef=args.sharpen, ar_coef=args.ar_mix,
-        resume=args.resume, stop_after=args.stop_after, eval_every=0, save_every=25,
+        resume=args.resume, stop_after=args.stop_after, eval_every=args.eval_every, save_every=25,
         log_every=5, progress=args.progress)
     tokenizer = _tokenizer(args, config, recipe, work)
     num_train = train_cfg.steps * train_cfg.batch_size
@@ -353,12 +325,11 @@ def run_recipe(args: RunArgs) -> dict[str, Any]:
         train = [with_prompt_loss(ex) for ex in train]
     val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
-    evaluate = None
-    if num_eval:
-        evaluate = airspace_evaluator(tokenizer, val_examples[:num_eval], recipe.eval_max_tokens)
+    val_data = airspace_sft(tokenizer, val_examples)
+    evaluate = task_evaluator(tokenizer, val_examples[:num_eval], val_data, args, recipe, config)
     model = init_model(config, args.init_from, args.seed)
-    trainer = Trainer(model, train, train_cfg, val_data=airspace_sft(tokenizer, val_examples),
-                      tokenizer=tokenizer, evaluate=evaluate)
+    trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
+                      evaluate=evaluate)
     summary = trainer.fit()
     if trainer.state.step >= train_cfg.steps:  # every rank exports (FSDP2 gathers the weights)
         info = _training_info(args, recipe, train_cfg, trainer, summary, tokenizer)

@@ -94,7 +94,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     """Train one airspace-smol model (AR twin or diffusion) and write its adapter directory."""
     from clover.checkpoint import load_config
     from clover.tasks.airspace import generate_examples
-    from clover.tasks.airspace.recipes import airspace_evaluator
+    from clover.tasks.airspace.evaluators import task_evaluator
 
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
@@ -110,19 +110,20 @@ def run_smol(args, recipe) -> dict[str, Any]:
         prefix_grad=args.prefix_grad, complementary=args.complementary,
         suffix_masks=args.suffix_masks, seed=args.seed, device=args.device, bf16=args.bf16,
         work_dir=str(work), sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
-        stop_after=args.stop_after, eval_every=0, save_every=args.save_every or 20, log_every=1,
+        stop_after=args.stop_after, eval_every=args.eval_every, save_every=args.save_every or 20,
+        log_every=1,
         progress=args.progress)
     tokenizer = smol_tokenizer(config)
     num_train = train_cfg.steps * train_cfg.batch_size
     train = smol_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))
     val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
-    evaluate = (airspace_evaluator(tokenizer, val_examples[:num_eval], recipe.eval_max_tokens)
-                if num_eval else None)
+    val_data = smol_sft(tokenizer, val_examples)
+    evaluate = task_evaluator(tokenizer, val_examples[:num_eval], val_data, args, recipe, config)
     model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
                                     args.train_mask_row)
-    trainer = Trainer(model, train, train_cfg, val_data=smol_sft(tokenizer, val_examples),
-                      tokenizer=tokenizer, evaluate=evaluate)
+    trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
+                      evaluate=evaluate)
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
         info = _info(args, recipe, config, train_cfg, trainer, summary)

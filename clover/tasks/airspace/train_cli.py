@@ -28,7 +28,8 @@ def _train(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, block_size=args.block_size, init_adapter=args.init_adapter,
         save_every=args.save_every, micro_batch_size=args.micro_batch_size,
         prefix_grad=not args.no_prefix_grad, complementary=args.complementary_masks,
-        suffix_masks=args.suffix_masks,
+        suffix_masks=args.suffix_masks, eval_every=args.eval_every,
+        calibration_examples=args.calibration_examples,
         train_mask_row=args.train_mask_row,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
@@ -64,6 +65,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")
     p.add_argument("--eval-examples", type=int, default=None,
                    help="validation examples decoded and scored at the end (0: skip)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="evaluate every N steps: validation loss, decoded examples, calibration "
+                        "(default 0: at the end only)")
+    p.add_argument("--calibration-examples", type=int, default=0, metavar="N",
+                   help="validation replies probed teacher-forced at each "
+                        "evaluation (clover.bench.calibration): next-token accuracy, and the "
+                        "prefix policy's TPF and replies all right at tau 1.0 and 0.9 (AR: "
+                        "the accuracy only)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: recipe's)")
     p.add_argument("--shift-logits", action="store_true",
                    help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
