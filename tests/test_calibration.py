@@ -115,3 +115,17 @@ def test_an_ar_model_is_probed_at_the_next_token_only():
                 want.append(bool(logits[i - 1].argmax() == batch.ids_BL[0, i]))
     assert p.correct == want and set(p.dist) == {0}
     assert replay_prefix(p, 0.5)["tpf"] == 1.0
+
+
+def test_the_evaluate_hook_runs_on_a_bf16_training_model():
+    """A --bf16 run's model: frozen linears in bf16, trained ones in fp32 (run under autocast)."""
+    from clover.bench.calibration import calibration_evaluator
+    from clover.train.parallel import frozen_linears_to_bf16
+
+    model = build_model(get_preset("tiny", attention="block", block_size=4, shift_logits=True),
+                        seed=0)
+    for name, q in model.named_parameters():
+        q.requires_grad_("attn" not in name)
+    assert frozen_linears_to_bf16(model) > 0
+    got = calibration_evaluator(_examples(3), default_collator(model.config))(model.eval(), 1)
+    assert 0 <= got["cal_next_token_acc"] <= 1 and got["cal_tpf_1.0"] == 1.0

@@ -166,7 +166,12 @@ def calibration_evaluator(examples: Sequence[TokenExample], collator: Collator,
 
     def evaluate(model: torch.nn.Module, step: int) -> dict:
         start = time.perf_counter()
-        p = probe(model, examples, collator, batch_size)
+        # a --bf16 run keeps its frozen weights in bf16 and trains under autocast: so does this
+        dtypes = {q.dtype for q in model.parameters() if q.is_floating_point()}
+        mixed = torch.bfloat16 in dtypes and len(dtypes) > 1
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=mixed):
+            p = probe(model, examples, collator, batch_size)
         out = {"cal_next_token_acc": round(by_distance(p)[0]["accuracy"], 4)}
         for tau in taus:
             r = replay_prefix(p, tau)
