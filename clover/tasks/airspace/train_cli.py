@@ -63,16 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "another process count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (slower on most CPUs)")
-    p.add_argument("--eval-examples", type=int, default=None,
-                   help="validation examples decoded and scored at the end (0: skip)")
-    p.add_argument("--eval-every", type=int, default=0, metavar="N",
-                   help="evaluate every N steps: validation loss, decoded examples, calibration "
-                        "(default 0: at the end only)")
-    p.add_argument("--calibration-examples", type=int, default=0, metavar="N",
-                   help="validation replies probed teacher-forced at each "
-                        "evaluation (clover.bench.calibration): next-token accuracy, and the "
-                        "prefix policy's TPF and replies all right at tau 1.0 and 0.9 (AR: "
-                        "the accuracy only)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: recipe's)")
     p.add_argument("--shift-logits", action="store_true",
                    help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
@@ -93,12 +83,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="train on the prompt tokens too (language-model loss on the message), "
                         "not only on the response")
     _add_mask_flags(p)
+    _add_eval_flags(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the recipe's model config, e.g. --set "
                         "num_dense_layers=4 (repeatable; values are JSON or text)")
     _add_base_recipe_flags(p)
     p.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
     p.set_defaults(func=_train)
+
+
+def _add_eval_flags(p: argparse.ArgumentParser) -> None:
+    """What a run evaluates, and when."""
+    p.add_argument("--eval-examples", type=int, default=None,
+                   help="validation examples decoded and scored at each evaluation (the end, "
+                        "or every --eval-every steps; 0: skip)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="evaluate every N steps: validation loss, decoded examples, calibration "
+                        "(default 0: at the end only)")
+    p.add_argument("--calibration-examples", type=int, default=0, metavar="N",
+                   help="validation replies probed teacher-forced at each "
+                        "evaluation (clover.bench.calibration): next-token accuracy, and the "
+                        "prefix policy's TPF and replies all right at tau 1.0 and 0.9 (AR: "
+                        "the accuracy only)")
 
 
 def _add_mask_flags(p: argparse.ArgumentParser) -> None:
