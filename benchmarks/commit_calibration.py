@@ -22,17 +22,10 @@ import torch
 
 from clover import checkpoint
 from clover.bench.calibration import by_distance, probe, reliability, replay_prefix
+from clover.bench.cli import comma_list
 from clover.tasks.airspace.data import generate_examples
 from clover.tasks.airspace.smol import smol_sft
 from clover.train import default_collator
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--taus: {text!r} is not a comma list of numbers") from None
 
 
 def measure(path: str, args: argparse.Namespace) -> dict:
@@ -72,7 +65,7 @@ def main() -> None:
                    choices=["train", "validation", "test", "heldout"])
     p.add_argument("--n", type=int, default=40, help="replies")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--taus", type=_floats, default=[1.0, 0.99, 0.95, 0.9, 0.7, 0.5])
+    p.add_argument("--taus", type=comma_list(float), default=(1.0, 0.99, 0.95, 0.9, 0.7, 0.5))
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=int, default=2)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,12 +38,19 @@ BINS = (0.0, 0.5, 0.7, 0.9, 0.95, 0.99, 1.0)
 @dataclass
 class Probe:
     """One record per (example, block, frontier, masked target at or after the frontier)."""
-    example: list[int]
-    block: list[int]
-    frontier: list[int]  # k: the block's first k positions are known
-    dist: list[int]  # the target's offset in the block minus k
-    conf: list[float]
-    correct: list[bool]
+    example: list[int] = field(default_factory=list)
+    block: list[int] = field(default_factory=list)
+    frontier: list[int] = field(default_factory=list)  # k: the block's first k positions known
+    dist: list[int] = field(default_factory=list)  # the target's offset in the block minus k
+    conf: list[float] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+
+    def add(self, example: int, block: int, frontier: int, dist: int, conf: float,
+            correct: bool) -> None:
+        for column, value in zip((self.example, self.block, self.frontier, self.dist, self.conf,
+                                  self.correct), (example, block, frontier, dist, conf, correct),
+                                 strict=True):
+            column.append(value)
 
 
 @torch.no_grad()
@@ -56,7 +63,7 @@ def probe(model: torch.nn.Module, examples: Sequence[TokenExample], collator: Co
     if config.attention not in ("block", "causal"):
         raise ValueError(f"calibration probes block-diffusion and AR models; this one is "
                          f"{config.attention!r}")
-    out = Probe([], [], [], [], [], [])
+    out = Probe()
     device = next(model.parameters()).device
     if config.attention == "causal":
         _probe_causal(model, examples, collator, batch_size, device, out)
@@ -79,12 +86,7 @@ def probe(model: torch.nn.Module, examples: Sequence[TokenExample], collator: Co
             for r, b, p, c, ok in zip(row[keep].tolist(), block[keep].tolist(),
                                       pos[keep].tolist(), conf[keep].tolist(),
                                       (pred == gold)[keep].tolist(), strict=True):
-                out.example.append(idx[r])
-                out.block.append(b)
-                out.frontier.append(k)
-                out.dist.append(p % bs - k)
-                out.conf.append(c)
-                out.correct.append(ok)
+                out.add(idx[r], b, k, p % bs - k, c, ok)
     return out
 
 
@@ -100,12 +102,7 @@ def _probe_causal(model, examples, collator, batch_size, device, out: Probe) -> 
         conf, pred = logits.float().softmax(-1).max(-1)
         for r, p, c, ok in zip(row.tolist(), pos.tolist(), conf.tolist(),
                                (pred == batch.ids_BL[row, pos]).tolist(), strict=True):
-            out.example.append(first * batch_size + r)
-            out.block.append(p)
-            out.frontier.append(0)
-            out.dist.append(0)
-            out.conf.append(c)
-            out.correct.append(ok)
+            out.add(first * batch_size + r, p, 0, 0, c, ok)
 
 
 def by_distance(p: Probe) -> list[dict]:
@@ -137,9 +134,9 @@ def replay_prefix(p: Probe, tau: float) -> dict:
     for e, b, k, d, c, ok in zip(p.example, p.block, p.frontier, p.dist, p.conf, p.correct,
                                  strict=True):
         states[e, b, k].append((d, c, ok))
-    starts = defaultdict(lambda: 10**9)
+    starts: dict[tuple[int, int], int] = {}  # (example, block) -> its first frontier
     for e, b, k in states:
-        starts[e, b] = min(starts[e, b], k)
+        starts[e, b] = min(starts.get((e, b), k), k)
     tokens = forwards = wrong = 0
     wrong_examples = set()
     for (e, b), k in starts.items():

@@ -19,7 +19,7 @@ from clover.bench.quant import PRECISIONS
 from clover.tasks.airspace.contract import add_grammar_flag
 
 
-def _list(kind: type) -> Callable[[str], tuple]:
+def comma_list(kind: type) -> Callable[[str], tuple]:
     def parse(text: str) -> tuple:
         try:
             return tuple(kind(v) for v in text.split(",") if v.strip())
@@ -120,20 +120,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="airspace split: train, validation, test, heldout or real-dev (the "
                         "hand-labelled real messages); default test")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--policies", type=_list(str), default=None,
+    p.add_argument("--policies", type=comma_list(str), default=None,
                    help=f"commit policies (default {','.join(d.policies)})")
-    p.add_argument("--taus", type=_list(float), default=None,
+    p.add_argument("--taus", type=comma_list(float), default=None,
                    help=f"threshold / prefix policies: confidence thresholds (default "
                         f"{_csv(d.taus)})")
-    p.add_argument("--steps", type=_list(int), default=None,
+    p.add_argument("--steps", type=comma_list(int), default=None,
                    help=f"topk policy: denoising steps per block (default {_csv(d.steps)})")
-    p.add_argument("--gammas", type=_list(float), default=None,
+    p.add_argument("--gammas", type=comma_list(float), default=None,
                    help=f"entropy policy: entropy budgets per step (default {_csv(d.gammas)})")
-    p.add_argument("--block-sizes", type=_list(int), default=None,
+    p.add_argument("--block-sizes", type=comma_list(int), default=None,
                    help="dLLM block sizes; 0 = the model's own (default 0,16; quick 0)")
-    p.add_argument("--batch-sizes", type=_list(int), default=None,
+    p.add_argument("--batch-sizes", type=comma_list(int), default=None,
                    help=f"engine batch sizes (default {_csv(d.batch_sizes)})")
-    p.add_argument("--precisions", type=_list(str), default=None,
+    p.add_argument("--precisions", type=comma_list(str), default=None,
                    help=f"from {','.join(PRECISIONS)} (default fp32,int8; quick fp32,int8)")
     p.add_argument("--quantize", default=None, choices=["none", "int8"],
                    help="load both models at one precision: int8 = torchao weight-only")
@@ -160,11 +160,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _forward_flags(p: argparse.ArgumentParser) -> None:
     """The flags only `bench forward` reads."""
-    p.add_argument("--lengths", type=_list(int), default=None,
+    p.add_argument("--lengths", type=comma_list(int), default=None,
                    help="forward: new tokens per row, L (default 1,8,32,64)")
     p.add_argument("--context", type=int, default=None,
                    help="forward: cached tokens per row before the L new ones (default 256)")
-    p.add_argument("--tpf", type=_list(float), default=None,
+    p.add_argument("--tpf", type=comma_list(float), default=None,
                    help="forward: TPFs for the predicted dLLM/AR ratio (default 2,4,8,12)")
     p.add_argument("--clock", default=None, choices=["wall", "cpu"],
                    help="forward: time by wall clock (default) or this process's CPU time "
