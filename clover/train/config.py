@@ -36,6 +36,7 @@ class TrainConfig:
     noise_eps: float = 1e-3  # t ~ U[eps, 1]
     sharpen_coef: float = 0.0  # weight of the entropy on already-right targets (confidence)
     ar_coef: float = 0.0  # diffusion models: weight of a next-token loss under a causal mask
+    distill_coef: float = 0.0  # block diffusion: weight of the KL to a teacher's next token
     prefix_grad: bool = True  # False: the shared prompt prefix runs under no_grad (cheaper)
     complementary: bool = False  # block diffusion: a second view masked where the first is not
     suffix_masks: float = 0.0  # block diffusion: share of blocks masked as a suffix (training
@@ -60,6 +61,7 @@ class TrainConfig:
             (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
             (self.grad_clip >= 0, "grad_clip", "must be >= 0"),
             (self.ar_coef >= 0, "ar_coef", "must be >= 0"),
+            (self.distill_coef >= 0, "distill_coef", "must be >= 0"),
             (0 <= self.suffix_masks <= 1, "suffix_masks", "must be in [0, 1]"),
             (self.log_every >= 1, "log_every", "must be >= 1"),
             (self.parallel in PARALLEL_MODES, "parallel", f"must be one of {PARALLEL_MODES}"),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from clover import checkpoint
 from clover.model import CloverModel
@@ -39,6 +40,7 @@ from clover.train.data import (
     shard,
     step_indices,
 )
+from clover.train.distill import Teacher
 from clover.train.distributed import (
     DistEnv,
     all_reduce_sum,
@@ -54,7 +56,7 @@ from clover.train.objectives import (
     batch_noise,
     first_target,
 )
-from clover.train.parallel import PARALLEL, full_model
+from clover.train.parallel import PARALLEL, frozen_linears_to_bf16, full_model
 from clover.train.progress import Display
 
 LOG_FILE = "log.jsonl"
@@ -73,16 +75,19 @@ def default_collator(model_config, eos_fill: str | None = None) -> Collator:
 
 
 def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True,
-               complementary: bool = False) -> Objective:
+               complementary: bool = False, teacher: Teacher | None = None) -> Objective:
     """The mode's objective; with `share_prefix` off it recomputes the common prompt prefix in
     every row instead of sharing it through a KV cache (same loss and gradients). With
     `prefix_grad` off the shared prefix runs without gradient (a cheaper, truncated gradient),
     once per optimizer step (`PrefixMemo`). `complementary` (block diffusion) adds the second,
-    complementary masked view."""
+    complementary masked view; a `teacher` (block diffusion) the next-token distillation term."""
     objective = OBJECTIVES[mode]
     params = inspect.signature(objective).parameters
     if complementary and "complementary" not in params:
         raise ValueError(f"complementary masks are for block diffusion, not attention {mode!r}")
+    if teacher is not None and "teacher" not in params:
+        raise ValueError(f"distillation from a teacher is for block diffusion, not attention "
+                         f"{mode!r}")
     if "share_prefix" not in params:
         return objective
     kwargs: dict[str, object] = {}
@@ -93,6 +98,8 @@ def _objective(mode: str, share_prefix: bool, prefix_grad: bool = True,
         kwargs["prefix_memo"] = PrefixMemo()
     if complementary:
         kwargs["complementary"] = True
+    if teacher is not None:
+        kwargs["teacher"] = teacher
     return functools.partial(objective, **kwargs) if kwargs else objective
 
 
@@ -106,18 +113,21 @@ class StepResult:
     counts_LE: torch.Tensor | None
     confident_entropy: float = 0.0  # mean over all targets of the sharpening term
     ar_loss: float | None = None  # mean next-token loss of the AR term (ar_coef > 0)
+    distill_kl: float | None = None  # distillation KL summed over its positions / targets
 
 
 class Trainer:
     def __init__(self, model: CloverModel, train_data: Sequence[TokenExample],
                  config: TrainConfig, *, val_data: Sequence[TokenExample] = (),
                  collator: Collator | None = None, tokenizer: Any | None = None,
-                 evaluate: Evaluate | None = None) -> None:
+                 evaluate: Evaluate | None = None, teacher: nn.Module | None = None) -> None:
         if not train_data:
             raise ValueError("no training examples")
         if config.ar_coef and model.config.attention == "causal":
             raise ValueError("ar_coef adds a next-token loss to a diffusion objective; this "
                              "model is causal already")
+        if bool(config.distill_coef) != (teacher is not None):
+            raise ValueError("distill_coef > 0 and a teacher model go together")
         self.config, self.train_data, self.val_data = config, train_data, val_data
         self.env = DistEnv.from_environ()
         self.device = resolve_device(config.device, self.env)
@@ -131,8 +141,9 @@ class Trainer:
         # validation scores one masked view (comparable with and without complementary masks)
         self.objective = _objective(model.config.attention, self.parallel.shares_prefix,
                                     config.prefix_grad)
+        self.teacher = self._teacher(teacher)
         self.train_objective = _objective(model.config.attention, self.parallel.shares_prefix,
-                                          config.prefix_grad, config.complementary)
+                                          config.prefix_grad, config.complementary, self.teacher)
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()
@@ -143,6 +154,15 @@ class Trainer:
         self.net = self.parallel.wrap(ObjectiveModule(self.model, self.train_objective,
                                                       config.ar_coef, ar_objective),
                                       self.model, self.env, self.device)
+
+    def _teacher(self, model: nn.Module | None) -> Teacher | None:
+        """The distillation teacher on this device, frozen (its linears in bf16 for --bf16)."""
+        if model is None:
+            return None
+        model = model.to(self.device)
+        if self.config.bf16:
+            frozen_linears_to_bf16(model)
+        return Teacher(model)
 
     @property
     def per_rank(self) -> int:
@@ -174,11 +194,12 @@ class Trainer:
         lr = lr_at(self.state.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum, aux_sum, ent_sum, ar_sum, counts = self._accumulate(batches, num_targets)
+        loss_sum, aux_sum, ent_sum, ar_sum, kl_sum, counts = self._accumulate(batches,
+                                                                               num_targets)
         grad_norm = self._clip()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum, ent_sum, ar_sum],
+        sums = all_reduce_sum(torch.tensor([loss_sum, aux_sum, ent_sum, ar_sum, kl_sum],
                                            dtype=torch.float64), env)
         if counts is not None:
             counts = all_reduce_sum(counts, env)
@@ -186,12 +207,13 @@ class Trainer:
                 update_expert_bias(self.model, counts, cfg.bias_rate)
         return StepResult(float(sums[0]) / num_targets, float(sums[1]) / (env.world * len(batches)),
                           grad_norm, lr, int(num_tokens), counts, float(sums[2]) / num_targets,
-                          float(sums[3]) / num_targets if cfg.ar_coef else None)
+                          float(sums[3]) / num_targets if cfg.ar_coef else None,
+                          float(sums[4]) / num_targets if cfg.distill_coef else None)
 
     def _accumulate(self, batches: list[Batch], num_targets: float):
         """Forward + backward every micro-batch; gradients add up to d(global mean loss)."""
         cfg, world = self.config, self.env.world
-        loss_sum = aux_sum = ent_sum = ar_sum = 0.0
+        loss_sum = aux_sum = ent_sum = ar_sum = kl_sum = 0.0
         counts = None
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -210,6 +232,9 @@ class Trainer:
                 if out.ar_sum is not None:
                     ar_sum += float(out.ar_sum.detach())
                     loss = loss + cfg.ar_coef * out.ar_sum * (world / num_targets)
+                if out.distill_sum is not None:
+                    kl_sum += float(out.distill_sum.detach())
+                    loss = loss + cfg.distill_coef * out.distill_sum * (world / num_targets)
                 if out.moe is not None:
                     aux = out.moe.aux_loss
                     loss = loss + cfg.aux_coef * aux / len(batches)
@@ -218,7 +243,7 @@ class Trainer:
                     counts = c if counts is None else counts + c
                 loss.backward()
             loss_sum += float(out.loss_sum.detach())
-        return loss_sum, aux_sum, ent_sum, ar_sum, counts
+        return loss_sum, aux_sum, ent_sum, ar_sum, kl_sum, counts
 
     def _clip(self) -> float:
         return self.parallel.clip(self.model, self.config.grad_clip or float("inf"))
@@ -342,6 +367,8 @@ class Trainer:
                  "confident_entropy": round(r.confident_entropy, 5)}
         if r.ar_loss is not None:
             entry["ar_loss"] = round(r.ar_loss, 5)
+        if r.distill_kl is not None:
+            entry["distill_kl"] = round(r.distill_kl, 5)
         if r.counts_LE is not None:
             entry.update(aux=round(r.aux, 4), **load_stats(r.counts_LE),
                          moe_load=load_fractions(r.counts_LE))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,9 @@ from clover.model.diffusion import (
 from clover.model.moe import MoEStats
 from clover.model.transformer import KVCache, visibility
 from clover.train.data import Batch
+
+if TYPE_CHECKING:
+    from clover.train.distill import Teacher
 
 
 @dataclass
@@ -51,6 +55,9 @@ class LossOutput:
     # diffusion models trained with an AR term (`ObjectiveModule(ar_coef=...)`): the sum over
     # targets of the next-token cross-entropy under a causal mask (unweighted)
     ar_sum: Tensor | None = None
+    # block diffusion with a teacher (`clover.train.distill`): the sum of KL(teacher || model)
+    # over the positions where both read the same context (each block's first masked one)
+    distill_sum: Tensor | None = None
 
 
 def draw_noise(batch: Batch, config: ModelConfig, eps: float = 1e-3,
@@ -120,8 +127,8 @@ def _flat_index(masked_BL: Tensor) -> Tensor:
 
 def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
                     share_prefix: bool = True, prefix_grad: bool = True,
-                    complementary: bool = False,
-                    prefix_memo: PrefixMemo | None = None) -> LossOutput:
+                    complementary: bool = False, prefix_memo: PrefixMemo | None = None,
+                    teacher: Teacher | None = None) -> LossOutput:
     """All blocks in one forward over [x_0 (L columns), x_t of the blocks holding a mask (M)].
 
     Noisy copies of blocks with no masked token anywhere in the batch are left out: nothing reads
@@ -130,11 +137,15 @@ def block_diffusion(model: nn.Module, config: ModelConfig, batch: Batch, noise: 
     common to every row (SFT system prompt and tools) is run once and shared through a KV cache
     (without gradient when `prefix_grad` is off). `complementary` adds a second noisy copy masked
     exactly where the first is not (`complementary_mask`): every target gets a loss, the clean
-    copy is computed once for both, and the loss is the mean of the two views'.
+    copy is computed once for both, and the loss is the mean of the two views'. A `teacher`
+    adds `distill_sum` (`clover.train.distill.Teacher.kl`).
     """
-    out, src_BS, batch, views = _block_forward(model, config, batch, noise, share_prefix,
-                                               prefix_grad, complementary, prefix_memo)
-    return _selected_loss(out.logits, src_BS, batch, views, out.moe)
+    out, src_BS, cut, views = _block_forward(model, config, batch, noise, share_prefix,
+                                             prefix_grad, complementary, prefix_memo)
+    result = _selected_loss(out.logits, src_BS, cut, views, out.moe)
+    if teacher is not None:
+        result.distill_sum = teacher.kl(out.logits, src_BS, cut, views, config, batch)
+    return result
 
 
 def masked_predictions(model: nn.Module, config: ModelConfig, batch: Batch,
@@ -237,6 +248,16 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     A `block` or `full` model gets the same loss under a causal mask in place of its own (the AR
     term of `ObjectiveModule(ar_coef=...)`); a shared prefix is then run under the causal mask
     too (its own would let a prefix token see the rest of its block)."""
+    out, src_BL, cut, tail = causal_forward(model, config, batch, noise, share_prefix,
+                                            prefix_grad, prefix_memo)
+    return _selected_loss(out.logits, src_BL, cut, tail, out.moe)
+
+
+def causal_forward(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise,
+                   share_prefix: bool = True, prefix_grad: bool = True,
+                   prefix_memo: PrefixMemo | None = None):
+    """`causal`'s forward: (output with MoE stats merged, src_BL: the flat index of the target
+    each logits row predicts, the batch and noise without the shared prefix)."""
     own = config.attention == "causal"
     P = shared_prefix_len(batch, config, first=1) if share_prefix else 0
     cache, prefix_moe, batch, noise = split_prefix(model, config, batch, noise, P, prefix_grad,
@@ -254,8 +275,8 @@ def causal(model: nn.Module, config: ModelConfig, batch: Batch, noise: Noise, *,
     src_BL[b_N, i_N - 1] = _flat_index(batch.target_BL)[b_N, i_N]
     out = model(batch.ids_BL, batch.pos_BL, cache=cache, valid_BL=batch.valid_BL,
                 logits_mask_BL=src_BL >= 0, attn_mask_BLS=causal_mask)
-    moe = _merge_moe(prefix_moe, P, out.moe, batch.num_tokens)
-    return _selected_loss(out.logits, src_BL, batch, noise, moe)
+    out.moe = _merge_moe(prefix_moe, P, out.moe, batch.num_tokens)
+    return out, src_BL, batch, noise
 
 
 # ---- shared context prefix ---------------------------------------------------------------------

@@ -262,6 +262,8 @@ class RunArgs:
     suffix_masks: float = 0.0  # block diffusion: share of blocks masked as a suffix
     eval_every: int = 0  # evaluate every N steps (0: at the end only)
     calibration_examples: int = 0  # validation replies probed teacher-forced at each evaluation
+    distill_from: str | None = None  # base recipes, diffusion: the AR teacher's adapter directory
+    distill_coef: float = 0.0  # weight of the KL to the teacher's next-token distribution
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -272,6 +274,8 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
     if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
         raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
                          f"models (--attention block or full; got {args.attention})")
+    if args.distill_from or args.distill_coef:
+        raise ValueError("--distill-from / --distill-coef: only base recipes (airspace-smol)")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     if args.eval_every < 0 or args.calibration_examples < 0:

@@ -110,6 +110,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
         prefix_grad=args.prefix_grad, complementary=args.complementary,
         suffix_masks=args.suffix_masks, seed=args.seed, device=args.device, bf16=args.bf16,
         work_dir=str(work), sharpen_coef=args.sharpen, ar_coef=args.ar_mix, resume=args.resume,
+        distill_coef=args.distill_coef,
         stop_after=args.stop_after, eval_every=args.eval_every, save_every=args.save_every or 20,
         log_every=1,
         progress=args.progress)
@@ -123,7 +124,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
                                     args.train_mask_row)
     trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
-                      evaluate=evaluate)
+                      evaluate=evaluate, teacher=smol_teacher(args, config))
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
         info = _info(args, recipe, config, train_cfg, trainer, summary)
@@ -134,6 +135,26 @@ def run_smol(args, recipe) -> dict[str, Any]:
         summary["out"] = str(out)
     trainer.close()
     return summary
+
+
+def smol_teacher(args, config: ModelConfig):
+    """The AR adapter named by --distill-from, merged (None without it); flags checked."""
+    if bool(args.distill_from) != bool(args.distill_coef) or args.distill_coef < 0:
+        raise ValueError(f"--distill-from {args.distill_from} --distill-coef "
+                         f"{args.distill_coef}: give both, the weight > 0")
+    if not args.distill_from:
+        return None
+    if config.attention != "block":
+        raise ValueError("--distill-from: the student must be a block-diffusion model")
+    try:
+        teacher = adapter.load_adapter_model(args.distill_from)
+    except (adapter.CheckpointError, FileNotFoundError) as e:
+        raise ValueError(f"--distill-from {args.distill_from}: {e}") from e
+    if teacher.config.attention != "causal" or teacher.config.vocab_size != config.mask_id:
+        raise ValueError(f"--distill-from {args.distill_from}: not a causal model of the base "
+                         f"vocabulary ({teacher.config.attention}, "
+                         f"{teacher.config.vocab_size} tokens)")
+    return teacher
 
 
 def _mask_row_note(config: ModelConfig, trained: bool) -> str | None:
@@ -150,6 +171,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "block_size": config.block_size, "shift_logits": config.shift_logits,
         "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
         "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
+        "distill_from": args.distill_from, "distill_coef": args.distill_coef,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
         "train_mask_row": args.train_mask_row,

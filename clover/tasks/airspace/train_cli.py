@@ -30,7 +30,8 @@ def _train(args: argparse.Namespace) -> int:
         prefix_grad=not args.no_prefix_grad, complementary=args.complementary_masks,
         suffix_masks=args.suffix_masks, eval_every=args.eval_every,
         calibration_examples=args.calibration_examples,
-        train_mask_row=args.train_mask_row,
+        train_mask_row=args.train_mask_row, distill_from=args.distill_from,
+        distill_coef=args.distill_coef,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -131,6 +132,12 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-mask-row", action="store_true",
                    help="base recipes, diffusion: train the <|mask|> embedding row too (it "
                         "starts as the mean embedding; stored in the adapter as one row)")
+    p.add_argument("--distill-from", default=None, metavar="DIR",
+                   help="base recipes, diffusion: an AR adapter directory (the twin) whose "
+                        "next-token distribution each block's first masked position learns "
+                        "(clover.train.distill); needs --distill-coef")
+    p.add_argument("--distill-coef", type=float, default=0.0, metavar="W",
+                   help="weight of that KL term (per target, like the diffusion loss)")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps (default: the recipe's)")
     p.add_argument("--micro-batch-size", type=int, default=None,
