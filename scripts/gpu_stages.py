@@ -6,7 +6,8 @@
 Three `clover train --recipe airspace-smol --device cuda` stages, in this order:
   A  the AR twin continued from `--twin` (seed 11);
   D  the block-diffusion model adapted from A (the clover-smol stage-4/5 recipe: blocks of 8,
-     shifted prediction, complementary masks, trained mask row, sharpen 0.1; seed 12);
+     shifted prediction, complementary masks, trained mask row, sharpen 0.1; seed 12; with
+     `--distill W`, also distilling A's next-token distribution, `--distill-from A`);
   B  the AR twin continued from A on D's examples (same seed, steps and batch), so the twin has
      exactly the diffusion model's task examples (the issue's budget rule).
 Their step counts come from two short probe runs (6 AR steps, 5 diffusion steps, discarded):
@@ -107,6 +108,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--share-a", type=float, default=0.3, help="share of the time for stage A")
+    p.add_argument("--distill", type=float, default=0.0, metavar="W",
+                   help="stage D also learns A's next token (--distill-coef W)")
     p.add_argument("--steps", default=None, metavar="A,D", help="skip the probes (a dry run)")
     a = p.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
@@ -114,6 +117,8 @@ def main() -> None:
     ar, dl = commands(a)
     steps_a, steps_d = (map(int, a.steps.split(",")) if a.steps else plan(a, ar, dl, record))
     w = a.work
+    if a.distill:
+        dl = dl + ["--distill-from", str(w / "A"), "--distill-coef", str(a.distill)]
     stages = [("A", ar, a.twin, steps_a, 11), ("D", dl, str(w / "A"), steps_d, 12),
               ("B", ar, str(w / "A"), steps_d, 12)]
     for name, argv, init, steps, seed in stages:
