@@ -85,8 +85,10 @@ def plan(a: argparse.Namespace, ar: list[str], dl: list[str], record: list) -> t
     w_ar = run("probe-ar", ar + ["--init-adapter", a.twin, "--steps", "6", "--seed", "98",
                                  "--out", str(w / "pa"), "--work-dir", str(w / "pa-w")], w, record)
     s_ar = seconds_per_step(w / "pa-w")
-    w_dl = run("probe-dl", dl + ["--init-adapter", a.twin, "--steps", "5", "--seed", "99",
-                                 "--out", str(w / "pd"), "--work-dir", str(w / "pd-w")], w, record)
+    teach = ["--distill-from", a.twin, "--distill-coef", str(a.distill)] if a.distill else []
+    w_dl = run("probe-dl", dl + teach + ["--init-adapter", a.twin, "--steps", "5", "--seed",
+                                         "99", "--out", str(w / "pd"), "--work-dir",
+                                         str(w / "pd-w")], w, record)
     s_dl = seconds_per_step(w / "pd-w")
     fixed = max(w_ar - 6 * s_ar, w_dl - 5 * s_dl)
     left = a.budget - (time.time() - T0) - 3 * fixed - 25
