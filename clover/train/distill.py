@@ -48,8 +48,8 @@ class Teacher:
         self.only_right = only_right  # False: every first masked position (tests compare)
 
     def next_token(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """(log p(x_i | x_<i) of every target [K, V] in fp32, index_BP: the row of (batch row,
-        absolute position) in it, -1 where none)."""
+        """(the logits of p(x_i | x_<i) for every target [K, V], index_BP: the row of (batch row,
+        absolute position) in them, -1 where none)."""
         with torch.no_grad():
             out, src_BL, cut, _ = causal_forward(self.model, self.model.config, batch,
                                                  clean_noise(batch), prefix_grad=False,
@@ -61,7 +61,7 @@ class Teacher:
                                   dtype=torch.long, device=batch.ids_BL.device)
             index_BP[b_K, cut.pos_BL[b_K, i_K]] = torch.arange(flat_K.numel(),
                                                                device=flat_K.device)
-            return out.logits.float().log_softmax(-1), index_BP
+            return out.logits, index_BP
 
     def kl(self, logits_NV: Tensor, src_BS: Tensor, cut: Batch, views: list[Noise],
            config: ModelConfig, batch: Batch) -> Tensor:
@@ -69,7 +69,7 @@ class Teacher:
         the teacher's argmax is the target, averaged over the views like the diffusion loss.
         `logits_NV`, `src_BS`, `cut`, `views`: the student's block forward (`_block_forward`);
         `batch`: the whole batch, prompt included, for the teacher."""
-        lp_KV, index_BP = self.next_token(batch)
+        teacher_KV, index_BP = self.next_token(batch)
         B, L = cut.ids_BL.shape
         flat_N = src_BS[src_BS >= 0]
         v_N, rest_N = flat_N // (B * L), flat_N % (B * L)
@@ -78,10 +78,10 @@ class Teacher:
                                                        config.block_size) for view in views])
         row_N = index_BP[b_N, cut.pos_BL[b_N, i_N]]
         keep_N = first_VBL[v_N, b_N, i_N] & (row_N >= 0)
-        lp_MV = lp_KV[row_N[keep_N]]
-        right_M = lp_MV.argmax(-1) == cut.ids_BL[b_N[keep_N], i_N[keep_N]]
-        if not self.only_right:
-            right_M = torch.ones_like(right_M)
-        lp_MV = lp_MV[right_M]
-        student_MV = logits_NV[keep_N][right_M].float().log_softmax(-1)[:, :lp_MV.shape[1]]
+        teacher_MV, student_MV = teacher_KV[row_N[keep_N]], logits_NV[keep_N]
+        if self.only_right:
+            right_M = teacher_MV.argmax(-1) == cut.ids_BL[b_N[keep_N], i_N[keep_N]]
+            teacher_MV, student_MV = teacher_MV[right_M], student_MV[right_M]
+        lp_MV = teacher_MV.float().log_softmax(-1)
+        student_MV = student_MV.float().log_softmax(-1)[:, :lp_MV.shape[1]]
         return (lp_MV.exp() * (lp_MV - student_MV)).sum() / len(views)

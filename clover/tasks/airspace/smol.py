@@ -100,6 +100,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
                             args.shift_logits or args.attention == "block", name)
+    teacher = smol_teacher(args, config)  # flags checked before the data is made
     out = Path(args.out or f"models/{name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
     steps = args.steps or recipe.steps
@@ -124,7 +125,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
                                     args.train_mask_row)
     trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
-                      evaluate=evaluate, teacher=smol_teacher(args, config))
+                      evaluate=evaluate, teacher=teacher)
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
         info = _info(args, recipe, config, train_cfg, trainer, summary)
@@ -139,9 +140,9 @@ def run_smol(args, recipe) -> dict[str, Any]:
 
 def smol_teacher(args, config: ModelConfig):
     """The AR adapter named by --distill-from, merged (None without it); flags checked."""
-    if bool(args.distill_from) != bool(args.distill_coef) or args.distill_coef < 0:
+    if bool(args.distill_from) != bool(args.distill_coef):
         raise ValueError(f"--distill-from {args.distill_from} --distill-coef "
-                         f"{args.distill_coef}: give both, the weight > 0")
+                         f"{args.distill_coef}: give both")
     if not args.distill_from:
         return None
     if config.attention != "block":
