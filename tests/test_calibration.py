@@ -129,3 +129,26 @@ def test_the_evaluate_hook_runs_on_a_bf16_training_model():
     assert frozen_linears_to_bf16(model) > 0
     got = calibration_evaluator(_examples(3), default_collator(model.config))(model.eval(), 1)
     assert 0 <= got["cal_next_token_acc"] <= 1 and got["cal_tpf_1.0"] == 1.0
+
+
+def test_the_engine_decodes_what_the_training_forward_predicts(model):
+    """Training and inference see the same states: the engine's greedy left-to-right decode (the
+    prefix policy at tau 1.0, one token per forward) of prompts ending at every offset in a
+    block is, token by token, the argmax the training forward gives at d = 0 along that reply
+    (same block alignment, same cached context). Else a model right at every d = 0 state could
+    still decode wrong."""
+    from clover.engine import LLM, SamplingParams
+
+    prompts = [SYSTEM + [3, *range(14, 14 + n), 4] for n in range(3, 7)]  # 4 block offsets
+    assert len({len(p) % 4 for p in prompts}) == 4
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, policy="prefix",
+                            tau=1.0)
+    outs = LLM(model, device="cpu", dtype="float32").generate(prompts, params)
+    examples = [sft_example(p, o.token_ids) for p, o in zip(prompts, outs, strict=True)]
+    assert all(len(o.token_ids) == 10 for o in outs)
+    p = probe(model, examples, default_collator(model.config), batch_size=2)
+    ends = [len(ex.ids) for ex in examples]  # the EOS fill after each reply is a target too
+    d0 = [(e, ok) for e, b, k, d, ok in zip(p.example, p.block, p.frontier, p.dist, p.correct,
+                                             strict=True) if d == 0 and 4 * b + k < ends[e]]
+    assert len(d0) == 10 * len(prompts)
+    assert all(ok for _, ok in d0), [e for e, ok in d0 if not ok]
