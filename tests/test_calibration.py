@@ -139,8 +139,9 @@ def test_the_engine_decodes_what_the_training_forward_predicts(model):
     still decode wrong."""
     from clover.engine import LLM, SamplingParams
 
-    prompts = [SYSTEM + [3, *range(14, 14 + n), 4] for n in range(3, 7)]  # 4 block offsets
-    assert len({len(p) % 4 for p in prompts}) == 4
+    bs = model.config.block_size
+    prompts = [SYSTEM + [3, *range(14, 14 + n), 4] for n in range(3, 3 + bs)]
+    assert len({len(p) % bs for p in prompts}) == bs  # every offset in a block
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, policy="prefix",
                             tau=1.0)
     outs = LLM(model, device="cpu", dtype="float32").generate(prompts, params)
@@ -149,6 +150,6 @@ def test_the_engine_decodes_what_the_training_forward_predicts(model):
     p = probe(model, examples, default_collator(model.config), batch_size=2)
     ends = [len(ex.ids) for ex in examples]  # the EOS fill after each reply is a target too
     d0 = [(e, ok) for e, b, k, d, ok in zip(p.example, p.block, p.frontier, p.dist, p.correct,
-                                             strict=True) if d == 0 and 4 * b + k < ends[e]]
+                                             strict=True) if d == 0 and bs * b + k < ends[e]]
     assert len(d0) == 10 * len(prompts)
     assert all(ok for _, ok in d0), [e for e, ok in d0 if not ok]
