@@ -125,6 +125,25 @@ def test_init_adapter_starts_from_the_saved_lora_and_checks_it(base_cache, token
         smol_model(block, 4, str(tmp_path))
 
 
+def test_training_record_pins_the_adapters_it_started_from(tmp_path):
+    """`--init-adapter` / `--distill-from` name directories that later stages replace: the
+    record keeps the SHA-256 of the weights as read, and only for the flags given."""
+    import argparse
+    import hashlib
+
+    from clover.tasks.airspace.smol import _adapter_digests
+
+    for name, data in (("init", b"student weights"), ("teacher", b"teacher weights")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ad.ADAPTER_WEIGHTS).write_bytes(data)
+    args = argparse.Namespace(init_adapter=str(tmp_path / "init"),
+                              distill_from=str(tmp_path / "teacher"))
+    assert _adapter_digests(args) == {
+        "init_adapter_sha256": hashlib.sha256(b"student weights").hexdigest(),
+        "distill_from_sha256": hashlib.sha256(b"teacher weights").hexdigest()}
+    assert _adapter_digests(argparse.Namespace(init_adapter=None, distill_from=None)) == {}
+
+
 def test_trained_mask_row_is_stored_alone_and_merged_at_load(base_cache, tokenizer, tmp_path):
     """`--train-mask-row`: the <|mask|> embedding row trains beside the LoRA (and nothing else of
     the embedding), is stored as that one row, and the merged model reloads to the same logits;

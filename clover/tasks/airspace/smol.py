@@ -11,6 +11,7 @@ the result is an adapter directory (`clover.checkpoint.adapter`) of a few MB.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import time
@@ -101,6 +102,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
                             args.shift_logits or args.attention == "block", name)
     teacher = smol_teacher(args, config)  # flags checked before the data is made
+    sources = _adapter_digests(args)  # read now: the named directories may be replaced later
     out = Path(args.out or f"models/{name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
     steps = args.steps or recipe.steps
@@ -128,7 +130,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
                       evaluate=evaluate, teacher=teacher)
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
-        info = _info(args, recipe, config, train_cfg, trainer, summary)
+        info = _info(args, recipe, config, train_cfg, trainer, summary) | sources
         adapter.save_adapter(trainer.model.cpu(), config, peft_config, tokenizer, out,
                              base={"base": BASE_NAME, "gguf_sha256": GGUF_SHA256,
                                    "mask_token": _mask_row_note(config, args.train_mask_row)},
@@ -163,6 +165,17 @@ def _mask_row_note(config: ModelConfig, trained: bool) -> str | None:
         return None
     return ("appended row = mean of the base embeddings" + (
         ", then trained (stored in the adapter as trainable tokens)" if trained else ""))
+
+
+def _adapter_digests(args) -> dict[str, str]:
+    """SHA-256 of the adapter weights that --init-adapter and --distill-from name, as this
+    process read them: the directories (`models/...`) are replaced when a new stage ships."""
+    out = {}
+    for key, path in (("init_adapter", args.init_adapter), ("distill_from", args.distill_from)):
+        if path:
+            weights = Path(path) / adapter.ADAPTER_WEIGHTS
+            out[f"{key}_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    return out
 
 
 def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
