@@ -11,7 +11,6 @@ the result is an adapter directory (`clover.checkpoint.adapter`) of a few MB.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from clover.checkpoint import adapter
-from clover.checkpoint.base import BASE_NAME, GGUF_SHA256, require_base
+from clover.checkpoint.base import BASE_NAME, GGUF_SHA256, require_base, sha256
 from clover.config import ModelConfig
 from clover.train import DistEnv, TrainConfig, Trainer
 from clover.train.data import TokenExample, sft_example
@@ -173,8 +172,7 @@ def _adapter_digests(args) -> dict[str, str]:
     out = {}
     for key, path in (("init_adapter", args.init_adapter), ("distill_from", args.distill_from)):
         if path:
-            weights = Path(path) / adapter.ADAPTER_WEIGHTS
-            out[f"{key}_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+            out[f"{key}_sha256"] = sha256(Path(path) / adapter.ADAPTER_WEIGHTS)
     return out
 
 
