@@ -104,3 +104,32 @@ def test_turns_are_capped_to_the_context_left(examples, tok):
                      SamplingParams(max_tokens=8))
     assert all(m.turns == 0 and "context full" in m.errors[0] for m in run2.messages)
     assert not tiny.prompts
+
+
+def test_second_turn_training_rows_are_what_the_agent_sends(examples, tok):
+    """`smol_sft(ack_share=1)` adds one row per calling example whose prompt is exactly the
+    agent's second-turn prompt after the gold calls ran (same tool results, same rendering) and
+    whose target is the closing reply; first-turn rows are unchanged and come first."""
+    from clover.tasks.airspace.data import ACK_REPLY
+    from clover.tasks.airspace.smol import smol_sft
+
+    answers = {e.text: [assistant_text(reference_calls(e)), ACK_REPLY] for e in examples}
+    engine = ScriptedEngine(tok, answers)
+    run_agent(SimpleNamespace(engine=engine, tokenizer=tok), examples,
+              SamplingParams(max_tokens=8), max_turns=2)
+    second = [p for p in engine.prompts if "<tool_response>" in p]
+    calling = [e for e in examples if e.calls]
+    assert calling and len(second) == len(calling)
+    rows = smol_sft(tok, examples, ack_share=1.0, seed=0)
+    assert rows[:len(examples)] == smol_sft(tok, examples)
+    ack_rows = rows[len(examples):]
+    assert len(ack_rows) == len(calling)
+    for row in ack_rows:
+        prompt = tok.decode(row.ids[:row.prompt_len], skip_special_tokens=False)
+        assert prompt in second
+        assert tok.decode(row.ids[row.prompt_len:], skip_special_tokens=True) == ACK_REPLY
+    with pytest.raises(ValueError, match="no calls"):
+        next(e for e in generate_examples("test", 40, 3) if not e.calls).messages(ack=True)
+    few = smol_sft(tok, generate_examples("train", 60, 2), ack_share=0.25, seed=5)
+    assert 60 < len(few) < 60 + 40  # a share of the calling examples, drawn with the seed
+    assert few == smol_sft(tok, generate_examples("train", 60, 2), ack_share=0.25, seed=5)

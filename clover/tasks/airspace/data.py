@@ -69,16 +69,22 @@ class Example:
     def is_negative(self) -> bool:
         return not self.zones and not self.cancels
 
-    def messages(self, tools: bool = True) -> list[dict]:
+    def messages(self, tools: bool = True, ack: bool = False) -> list[dict]:
         """OpenAI-style conversation ending with the gold assistant turn. `tools=True` puts calls
-        in `tool_calls`; `tools=False` writes them as `<tool_call>` text in `content`."""
+        in `tool_calls`; `tools=False` writes them as `<tool_call>` text in `content`. `ack=True`
+        goes on to the agent's second turn: the gold calls' tool results, then the short closing
+        reply (`ACK_REPLY`), as in the history; it needs an example that makes calls."""
+        if ack and not self.calls:
+            raise ValueError(f"example {self.id}: no calls, so no tool results to acknowledge")
         out: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
         registry = ZoneRegistry()
-        for text, calls in self.history:
+        turns = [*self.history, (self.text, self.calls)]
+        for n, (text, calls) in enumerate(turns):
             out += [{"role": "user", "content": text}, _assistant(calls, tools)]
-            out += [_tool_result(call, k, registry, tools) for k, call in enumerate(calls)]
-            out.append({"role": "assistant", "content": ACK_REPLY})
-        return out + [{"role": "user", "content": self.text}, _assistant(self.calls, tools)]
+            if n < len(self.history) or ack:
+                out += [_tool_result(call, k, registry, tools) for k, call in enumerate(calls)]
+                out.append({"role": "assistant", "content": ACK_REPLY})
+        return out
 
     def chat(self) -> dict:
         """The request/response pair as an OpenAI chat payload: {"messages", "tools"}."""

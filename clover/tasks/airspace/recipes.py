@@ -264,6 +264,7 @@ class RunArgs:
     calibration_examples: int = 0  # validation replies probed teacher-forced at each evaluation
     distill_from: str | None = None  # base recipes, diffusion: the AR teacher's adapter directory
     distill_coef: float = 0.0  # weight of the KL to the teacher's next-token distribution
+    ack_share: float = 0.0  # base recipes: share of calling examples that add a second-turn row
 
 
 def _check_args(args: RunArgs, recipe: Recipe) -> None:
@@ -276,6 +277,8 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
                          f"models (--attention block or full; got {args.attention})")
     if args.distill_from or args.distill_coef:
         raise ValueError("--distill-from / --distill-coef: only base recipes (airspace-smol)")
+    if args.ack_share:
+        raise ValueError("--ack-share: only base recipes (airspace-smol)")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     if args.eval_every < 0 or args.calibration_examples < 0:

@@ -27,20 +27,36 @@ from clover.train import DistEnv, TrainConfig, Trainer
 from clover.train.data import TokenExample, sft_example
 
 
-def smol_sft(tokenizer, examples: list) -> list[TokenExample]:
-    """Prompt = template up to `<|im_start|>assistant\\n`; response = calls + `<|im_end|>`."""
+def smol_sft(tokenizer, examples: list, ack_share: float = 0.0,
+             seed: int = 0) -> list[TokenExample]:
+    """Prompt = template up to `<|im_start|>assistant\\n`; response = calls + `<|im_end|>`.
+
+    `ack_share`: that share of the examples that make calls (drawn with `seed`) also gives a
+    second-turn row, appended after the first-turn rows: the conversation with the gold calls and
+    their tool results as the prompt, the short closing reply (`ACK_REPLY`) as the response, which
+    is what the agent's second turn should say. A training run of a fixed number of steps draws
+    from all rows, so these rows take the place of as many first-turn rows."""
+    import random
+
+    rows = [_sft_row(tokenizer, ex.messages(tools=True)) for ex in examples]
+    if ack_share:
+        rng = random.Random(seed)
+        rows += [_sft_row(tokenizer, ex.messages(tools=True, ack=True)) for ex in examples
+                 if rng.random() < ack_share and ex.calls]
+    return rows
+
+
+def _sft_row(tokenizer, messages: list[dict]) -> TokenExample:
+    """The conversation up to its last (assistant) message as the prompt, that message as the
+    response, both as the chat template renders them."""
     from clover.tasks.airspace import TOOLS
     from clover.tokenizer import render_chat
 
-    out = []
-    for ex in examples:
-        messages = ex.messages(tools=True)
-        prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True)
-        full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False)
-        assert full.startswith(prompt), "chat template: prompt is not a prefix of the chat"
-        reply = full[len(prompt):].rstrip("\n")
-        out.append(sft_example(tokenizer.encode(prompt), tokenizer.encode(reply)))
-    return out
+    prompt = render_chat(tokenizer, messages[:-1], TOOLS, add_generation_prompt=True)
+    full = render_chat(tokenizer, messages, TOOLS, add_generation_prompt=False)
+    assert full.startswith(prompt), "chat template: prompt is not a prefix of the chat"
+    reply = full[len(prompt):].rstrip("\n")
+    return sft_example(tokenizer.encode(prompt), tokenizer.encode(reply))
 
 
 def adapted_config(base: ModelConfig, attention: str, block_size: int, shift_logits: bool,
@@ -96,6 +112,8 @@ def run_smol(args, recipe) -> dict[str, Any]:
     from clover.tasks.airspace import generate_examples
     from clover.tasks.airspace.evaluators import task_evaluator
 
+    if not 0.0 <= args.ack_share <= 1.0:
+        raise ValueError(f"--ack-share={args.ack_share} must be in [0, 1]")
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
@@ -118,7 +136,8 @@ def run_smol(args, recipe) -> dict[str, Any]:
         progress=args.progress)
     tokenizer = smol_tokenizer(config)
     num_train = train_cfg.steps * train_cfg.batch_size
-    train = smol_sft(tokenizer, generate_examples("train", num_train, seed=args.seed))
+    train = smol_sft(tokenizer, generate_examples("train", num_train, seed=args.seed),
+                     ack_share=args.ack_share, seed=args.seed)
     val_examples = generate_examples("validation", recipe.num_val, seed=args.seed)
     num_eval = recipe.num_eval if args.eval_examples is None else args.eval_examples
     val_data = smol_sft(tokenizer, val_examples)
@@ -186,7 +205,8 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "distill_from": args.distill_from, "distill_coef": args.distill_coef,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
-        "train_mask_row": args.train_mask_row,
+        "train_mask_row": args.train_mask_row, "ack_share": args.ack_share,
+        "train_rows": len(trainer.train_data),
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),

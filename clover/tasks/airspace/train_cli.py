@@ -31,7 +31,7 @@ def _train(args: argparse.Namespace) -> int:
         suffix_masks=args.suffix_masks, eval_every=args.eval_every,
         calibration_examples=args.calibration_examples,
         train_mask_row=args.train_mask_row, distill_from=args.distill_from,
-        distill_coef=args.distill_coef,
+        distill_coef=args.distill_coef, ack_share=args.ack_share,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -138,6 +138,11 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "(clover.train.distill); needs --distill-coef")
     p.add_argument("--distill-coef", type=float, default=0.0, metavar="W",
                    help="weight of that KL term (per target, like the diffusion loss)")
+    p.add_argument("--ack-share", type=float, default=0.0, metavar="F",
+                   help="base recipes: this share of the examples that make calls also trains "
+                        "the agent's second turn (gold calls and their tool results in, the "
+                        "short closing reply out), so the model ends the conversation instead "
+                        "of calling again")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps (default: the recipe's)")
     p.add_argument("--micro-batch-size", type=int, default=None,
