@@ -195,6 +195,16 @@ def _adapter_digests(args) -> dict[str, str]:
     return out
 
 
+def _ack_rows_seen(cfg: TrainConfig, trainer: Trainer) -> int:
+    """How many of the rows the run drew were second-turn rows (`smol_sft` appends them after
+    the `steps x batch_size` first-turn rows)."""
+    from clover.train.data import step_indices
+
+    rows, first = len(trainer.train_data), cfg.steps * cfg.batch_size
+    return sum(i >= first for step in range(trainer.state.step)
+               for i in step_indices(step, cfg.batch_size, rows, cfg.seed))
+
+
 def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
           summary: dict) -> dict[str, Any]:
     return {
@@ -206,7 +216,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
         "train_mask_row": args.train_mask_row, "ack_share": args.ack_share,
-        "train_rows": len(trainer.train_data),
+        "train_rows": len(trainer.train_data), "ack_rows_seen": _ack_rows_seen(cfg, trainer),
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
