@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,8 +37,6 @@ def smol_sft(tokenizer, examples: list, ack_share: float = 0.0,
     their tool results as the prompt, the short closing reply (`ACK_REPLY`) as the response, which
     is what the agent's second turn should say. A training run of a fixed number of steps draws
     from all rows, so these rows take the place of as many first-turn rows."""
-    import random
-
     rows = [_sft_row(tokenizer, ex.messages(tools=True)) for ex in examples]
     if ack_share:
         rng = random.Random(seed)
@@ -148,7 +147,8 @@ def run_smol(args, recipe) -> dict[str, Any]:
                       evaluate=evaluate, teacher=teacher)
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
-        info = _info(args, recipe, config, train_cfg, trainer, summary) | sources
+        info = (_info(args, recipe, config, train_cfg, trainer, summary) | sources
+                | {"ack_rows_seen": _ack_rows_seen(train_cfg, trainer, num_train)})
         adapter.save_adapter(trainer.model.cpu(), config, peft_config, tokenizer, out,
                              base={"base": BASE_NAME, "gguf_sha256": GGUF_SHA256,
                                    "mask_token": _mask_row_note(config, args.train_mask_row)},
@@ -195,13 +195,13 @@ def _adapter_digests(args) -> dict[str, str]:
     return out
 
 
-def _ack_rows_seen(cfg: TrainConfig, trainer: Trainer) -> int:
+def _ack_rows_seen(cfg: TrainConfig, trainer: Trainer, first_rows: int) -> int:
     """How many of the rows the run drew were second-turn rows (`smol_sft` appends them after
-    the `steps x batch_size` first-turn rows)."""
+    the `first_rows` first-turn rows)."""
     from clover.train.data import step_indices
 
-    rows, first = len(trainer.train_data), cfg.steps * cfg.batch_size
-    return sum(i >= first for step in range(trainer.state.step)
+    rows = len(trainer.train_data)
+    return sum(i >= first_rows for step in range(trainer.state.step)
                for i in step_indices(step, cfg.batch_size, rows, cfg.seed))
 
 
@@ -216,7 +216,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
         "train_mask_row": args.train_mask_row, "ack_share": args.ack_share,
-        "train_rows": len(trainer.train_data), "ack_rows_seen": _ack_rows_seen(cfg, trainer),
+        "train_rows": len(trainer.train_data),
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,
         "tokens_seen": trainer.state.tokens_seen, "wall_time_s": round(trainer.state.wall_s, 1),
