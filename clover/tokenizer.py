@@ -11,6 +11,7 @@ only and never touches a model hub. This module knows nothing about models or de
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ PROMPT_FORMATS = {"chat": CHAT_TEMPLATE, "message": MESSAGE_ONLY_TEMPLATE}
 
 TOKENIZER_FILE, CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 _SNIPPET_CHARS = 200
+_JSON_DECODER = json.JSONDecoder()
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,16 +268,33 @@ def _call_from_json(body: str) -> dict:
     }
 
 
-def _next_call(text: str, start: int) -> tuple[int, int, bool]:
+def json_call_end(text: str, body_start: int) -> int | None:
+    """End of the call's `</tool_call>` when the text at `body_start` is one complete JSON value
+    followed only by whitespace and that tag (what a grammar-constrained call always is), else
+    None. Its strings may hold the tags' text: with a tokenizer whose tags are plain text (no
+    special tokens), a JSON string is free to contain `</tool_call>` or `<tool_call>`."""
+    try:
+        _, end = _JSON_DECODER.raw_decode(text, _JSON_SPACE.match(text, body_start).end())
+    except (ValueError, RecursionError):
+        return None
+    close = _JSON_SPACE.match(text, end).end()
+    return close + len(TOOL_CALL_CLOSE) if text.startswith(TOOL_CALL_CLOSE, close) else None
+
+
+def next_call_span(text: str, start: int) -> tuple[int, int, bool]:
     """(open, end, closed) for the next `<tool_call>` at or after `start`; open is -1 if none.
 
-    An unclosed call (truncated generation, or a new `<tool_call>` before `</tool_call>`) ends where
-    the text or the next call begins.
+    A call whose body is one JSON value then `</tool_call>` ends there (`json_call_end`). Any
+    other ends at the first `</tool_call>` after it; an unclosed one (truncated generation, or a
+    new `<tool_call>` before `</tool_call>`) ends where the text or the next call begins.
     """
     open_ = text.find(TOOL_CALL_OPEN, start)
     if open_ == -1:
         return -1, len(text), False
     body_start = open_ + len(TOOL_CALL_OPEN)
+    end = json_call_end(text, body_start)
+    if end is not None:
+        return open_, end, True
     close = text.find(TOOL_CALL_CLOSE, body_start)
     reopen = text.find(TOOL_CALL_OPEN, body_start)
     if close == -1 or -1 < reopen < close:
@@ -294,7 +314,7 @@ def parse_tool_calls(text: str) -> ParsedOutput:
     out = ParsedOutput(content="")
     pos = 0
     while pos < len(text):
-        open_, end, closed = _next_call(text, pos)
+        open_, end, closed = next_call_span(text, pos)
         pieces.append(_strip_stray_closes(text[pos : end if open_ == -1 else open_], out.errors))
         if open_ != -1:
             _add_call(text[open_:end], closed, out)

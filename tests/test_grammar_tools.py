@@ -6,6 +6,7 @@ tool_choice: auto, required, none, or one named function.
 """
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -13,8 +14,10 @@ from test_grammar import EOS, PROMPTS, VOCAB, corpus, ids_of, tiny_llm
 
 from clover.engine import SamplingParams
 from clover.grammar import compile_matcher, tool_call_lark
+from clover.grammar.tools import special_token_id
 from clover.tasks.airspace import NO_ZONE_REPLY, TOOLS, assistant_text, generate_examples
-from clover.tokenizer import parse_tool_calls, train_tokenizer
+from clover.tasks.airspace.tools import parse_tool_calls as parse_task_calls
+from clover.tokenizer import load_tokenizer, parse_tool_calls, train_tokenizer
 
 pytest.importorskip("llguidance")
 
@@ -149,3 +152,27 @@ def test_parallel_tool_calls_false_allows_one_call_at_most(tok):
         compile_matcher({**one, "parallel_tool_calls": "no"}, tok, VOCAB, EOS)
     with pytest.raises(ValueError, match="only goes with"):
         compile_matcher({"regex": "a", "parallel_tool_calls": False}, tok, VOCAB, EOS)
+
+
+def test_tags_as_text_inside_a_string_parse_as_the_grammar_allowed():
+    """SmolLM2's tokenizer has no special tokens for the tags, so the grammar matches them as text
+    and a JSON string may hold their characters (a model under `--grammar` wrote one into a free
+    `schedule` field). Both parsers read the call the grammar allowed, the string intact, instead
+    of cutting the call at the tag inside it."""
+    smol = load_tokenizer(Path(__file__).parents[1] / "models" / "clover-smol")
+    assert special_token_id(smol, "</tool_call>") is None
+    example = next(e for e in generate_examples("test", 40)
+                   if e.calls and e.calls[0]["name"] == "set_no_fly_zone")
+    value = '0900</tool_call> <tool_call>{"'
+    call = {**example.calls[0], "arguments": {**example.calls[0]["arguments"], "schedule": value}}
+    text = assistant_text([call, example.calls[0]])
+    m = compile_matcher({"tools": TOOLS, "tool_choice": "auto"}, smol, len(smol),
+                        smol.convert_tokens_to_ids("<|im_end|>"))
+    ids = smol.encode(text, add_special_tokens=False)
+    assert m.accept(ids) == len(ids) and m.is_accepting()
+    parsed = parse_tool_calls(text)
+    assert not parsed.errors and parsed.content == ""
+    assert [json.loads(c["function"]["arguments"]) for c in parsed.tool_calls] == [
+        call["arguments"], example.calls[0]["arguments"]]
+    task = parse_task_calls(text)
+    assert task.num_invalid == 0 and task.calls == [call, example.calls[0]]

@@ -55,6 +55,10 @@ TEXTS = [
     '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
     '<tool_call>{"name": "g", "arguments": {"y": "<b>"}}</tool_call> done',
     '<tool_call>{"name": "f", "arguments": {"x": </tool_call>',  # malformed JSON
+    # tags' text inside a JSON string (a tokenizer whose tags are plain text): part of the value
+    '<tool_call>{"name": "f", "arguments": {"s": "a</tool_call> hi <tool_call>{"}}</tool_call> ok',
+    # ... and inside a string that never closes: the call ends at the first tag, as before
+    '<tool_call>{"name": "f", "arguments": {"s": "a}}</tool_call> b <tool_ca',
     '<tool_call>{"name": "f"<tool_call>{"name": "g", "arguments": {}}</tool_call>',  # unclosed
     "stray </tool_call> close and a partial <tool_ca",
 ]

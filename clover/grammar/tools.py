@@ -4,7 +4,10 @@ Calls are written exactly as `clover.tokenizer.format_tool_call` and the chat te
 `<tool_call>{"name": <const>, "arguments": {...}}</tool_call>`, one call per line, arguments
 matching that tool's JSON Schema. `<tool_call>` and `</tool_call>` are special tokens, referenced
 by id (`<[7]>`), so typing the same characters as plain text is never taken for a call; plain text
-may not contain them either, so `parse_tool_calls` reads exactly what the grammar allowed.
+may not contain them either, so `parse_tool_calls` reads exactly what the grammar allowed. With a
+tokenizer that has no such tokens (SmolLM2) the tags are matched as text, and a JSON string may
+then hold their characters: the parsers read a call as one JSON value then `</tool_call>`
+(`clover.tokenizer.json_call_end`), so they still read what the grammar allowed.
 tool_choice: "auto" (text, or calls, or text then calls), "required" (one or more calls), "none"
 (text only), or a named function (one or more calls of it). Produces Lark for llguidance.
 """

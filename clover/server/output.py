@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from clover.tokenizer import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
+from clover.tokenizer import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, next_call_span, parse_tool_calls
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequence
 
@@ -57,30 +57,39 @@ def _stable_end(text: str) -> int:
     """How much of `text` parses the same whatever comes next: up to the first tool call that is
     still open, or up to a tail that could still become `<tool_call>` / `</tool_call>`."""
     pos = 0
-    for open_, end, closed in _call_spans(text):
+    for open_, end, closed in _call_spans(text, final=False):
         if not closed and end == len(text):
             return open_
         pos = end
     return len(text) - _held_suffix(text[pos:], [TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
 
 
-def _call_spans(text: str) -> list[tuple[int, int, bool]]:
-    """(open, end, closed) of each `<tool_call>` span; an unclosed one ends where the next
-    begins or at the end of the text (as `parse_tool_calls` reads them)."""
+def _call_spans(text: str, final: bool) -> list[tuple[int, int, bool]]:
+    """(open, end, closed) of each `<tool_call>` span as `parse_tool_calls` reads them. Before
+    the end (`final` False) a span whose `</tool_call>` falls inside an unterminated JSON string
+    is still open to the end of the text: more text may close the string and make that tag part
+    of the value (`json_call_end`)."""
     spans, pos = [], 0
-    while (open_ := text.find(TOOL_CALL_OPEN, pos)) != -1:
-        body = open_ + len(TOOL_CALL_OPEN)
-        close, reopen = text.find(TOOL_CALL_CLOSE, body), text.find(TOOL_CALL_OPEN, body)
-        if reopen != -1 and (close == -1 or reopen < close):
-            spans.append((open_, reopen, False))
-            pos = reopen
-        elif close == -1:
+    while (span := next_call_span(text, pos))[0] != -1:
+        open_, end, closed = span
+        if not final and closed and _in_string(text[open_ + len(TOOL_CALL_OPEN):end]):
             spans.append((open_, len(text), False))
             break
-        else:
-            pos = close + len(TOOL_CALL_CLOSE)
-            spans.append((open_, pos, True))
+        spans.append(span)
+        pos = end
     return spans
+
+
+def _in_string(body: str) -> bool:
+    """Whether `body` (a call's JSON so far, then its `</tool_call>`) ends that tag inside a
+    JSON string, so the tag may be string content."""
+    in_string, escaped = False, False
+    for ch in body[:len(body) - len(TOOL_CALL_CLOSE)]:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+    return in_string
 
 
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -152,7 +161,7 @@ class ChatDeltas:
         if final:
             self.errors = parsed.errors
         deltas = []
-        for i, (open_, end, closed) in enumerate(_call_spans(text)):
+        for i, (open_, end, closed) in enumerate(_call_spans(text, final)):
             now = _call_so_far(text[open_:end], closed)
             if now is None or (final and not _valid(text[open_:end])):
                 continue

@@ -38,6 +38,7 @@ from clover.tasks.airspace.normalise import (
     parse_schedule,
     parse_time,
 )
+from clover.tokenizer import TOOL_CALL_CLOSE, json_call_end
 
 _LIMIT_SCHEMA = {
     "type": "object",
@@ -218,14 +219,19 @@ def parse_tool_calls(output: Any) -> ParsedCalls:
 
 
 def _parse_text(text: str) -> ParsedCalls:
-    calls, bad = [], 0
-    for body, closed in _BLOCK.findall(text):
+    """Each `<tool_call>` block: one JSON value then `</tool_call>` (its strings may hold the
+    tags' text, as the grammar allows), else up to the first `</tool_call>` or the end."""
+    calls, bad, pos = [], 0, 0
+    while (m := _BLOCK.search(text, pos)) is not None:
+        end = json_call_end(text, m.start(1))
+        body, closed = (text[m.start(1):end - len(TOOL_CALL_CLOSE)], True) if end else m.groups()
         try:
             call = _as_call(json.loads(body)) if closed else None
         except (ValueError, RecursionError):
             call = None
         calls += [call] if call else []
         bad += call is None
+        pos = end or m.end()
     return ParsedCalls(calls, bad)
 
 
