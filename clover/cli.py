@@ -116,7 +116,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-turns", dest="max_turns", type=int, default=d.max_turns)
     add_grammar_flag(p)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
-    p.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16")
+    p.add_argument("--dtype", default=d.dtype,
+                   help="auto (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32) "
+                        "| float32 | bfloat16")
     p.add_argument("--regimes", nargs="+", default=list(d.regimes),
                    help="batch: every message at once; one-by-one: an agent's batch 1")
     p.add_argument("--no-map", dest="map", action="store_false", help="skip the map page")

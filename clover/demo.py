@@ -13,13 +13,15 @@ import json
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clover.bench.quant import native_bf16
 from clover.engine import LLM, SamplingParams
+from clover.engine.llm import resolve_device
 from clover.tasks.airspace import (
     ANSWER_MAX_TOKENS,
     load_messages_jsonl,
@@ -127,7 +129,17 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
     return row
 
 
+def demo_dtype(dtype: str, device: str) -> str:
+    """The demo's precision. auto: bf16 where the hardware runs it natively (CUDA; a CPU with
+    AVX-512 BF16 or AMX, where docs/bench.md's cost table measured it 1.5x fp32 at batch 1 and
+    1.8x at batch 8, and the precision of the shipped models' evaluation tables), else fp32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if native_bf16(resolve_device(device)) else "float32"
+
+
 def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any]:
+    cfg = replace(cfg, dtype=demo_dtype(cfg.dtype, cfg.device))
     for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
         if not Path(path, "config.json").is_file():
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
@@ -208,8 +220,10 @@ def render_table(report: dict[str, Any]) -> str:
     from rich.table import Table
 
     rows = report["rows"]
-    grammar = "on" if report["settings"].get("grammar") else "off"
-    table = Table(title=f"clover demo airspace ({report['messages']}; grammar {grammar}; "
+    settings = report["settings"]
+    grammar = "on" if settings.get("grammar") else "off"
+    table = Table(title=f"clover demo airspace ({report['messages']}; {settings.get('policy')} "
+                        f"tau {settings.get('tau')}; grammar {grammar}; {settings.get('dtype')}; "
                         f"{report['hardware']}, {report['threads']} threads)")
     table.add_column("")
     for r in rows:

@@ -134,12 +134,13 @@ def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
     """bf16 -> bfloat16; fp32 -> float32; int8 computes in bfloat16 on CUDA and on CPUs with
     native bf16 (AVX-512 BF16 / AMX), else in float32. Measured on an AVX-512 BF16 CPU with
     torch 2.13: the int8 matmul with fp32 activations ran ~6x slower than with bf16 ones."""
-    if precision == "bf16" or (precision == "int8" and _fast_bf16(device)):
+    if precision == "bf16" or (precision == "int8" and native_bf16(device)):
         return torch.bfloat16
     return torch.float32
 
 
-def _fast_bf16(device: torch.device) -> bool:
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 natively: CUDA, or a CPU with AVX-512 BF16 or AMX."""
     if device.type != "cpu":
         return device.type == "cuda"
     from clover.bench.machine import cpu_features
