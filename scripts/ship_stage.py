@@ -10,6 +10,10 @@ updates the task example / token / wall-time totals and `stopped_early`, and rep
 `evaluation` with the given `clover eval airspace` results (each file's last line is the summary
 JSON), keeping the old one as `previous_evaluation`. Then regenerate the shipped-model record
 (`python tests/test_shipped_models.py NAME`) and rewrite the model's README tables by hand.
+
+A stage that was not shipped but that a later stage trains on (`--init-adapter` from its output)
+goes in first with `--ancestor "why it was not shipped"` and no evaluations: its record, command
+and totals are added, the model's files and evaluation are left as they are.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ def main() -> None:
     p.add_argument("model", type=Path, help="the shipped model directory to update")
     p.add_argument("--planned", type=int, required=True, help="the stage's planned steps")
     p.add_argument("--command", required=True, help="the exact training command")
-    p.add_argument("evals", nargs="+", metavar="TAG=PATH", help="clover eval airspace outputs")
+    p.add_argument("--ancestor", metavar="WHY", help="an unshipped stage a later one builds on")
+    p.add_argument("evals", nargs="*", metavar="TAG=PATH", help="clover eval airspace outputs")
     args = p.parse_args()
+    if bool(args.evals) == bool(args.ancestor):
+        p.error("give evaluations (TAG=PATH ...) for a shipped stage, or --ancestor WHY alone")
     evals = {}
     for item in args.evals:
         tag, _, path = item.partition("=")
@@ -35,9 +42,12 @@ def main() -> None:
     record = json.loads((args.model / "training.json").read_text())
     stage = json.loads((args.stage / "training.json").read_text())
     for f in args.stage.iterdir():
-        if f.name != "training.json":
+        if f.name != "training.json" and not args.ancestor:
             shutil.copy2(f, args.model / f.name)
     stage["planned_steps"] = args.planned
+    if args.ancestor:
+        stage["shipped"] = False
+        stage["not_shipped_because"] = args.ancestor
     record["stages"].append(stage)
     record["commands"].append(args.command)
     record["task_examples"] += stage["examples_seen"]
@@ -46,8 +56,9 @@ def main() -> None:
     record["stopped_early"] = None if stage["steps"] >= args.planned else {
         "planned_steps": args.planned, "steps": stage["steps"],
         "why": "session time; the checkpoint at the last finished step was exported"}
-    record["previous_evaluation"] = record.get("evaluation")
-    record["evaluation"] = evals
+    if not args.ancestor:
+        record["previous_evaluation"] = record.get("evaluation")
+        record["evaluation"] = evals
     (args.model / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps({tag: (e["zone_f1"], e["tool_call_validity"], e["tpf"])
                       for tag, e in evals.items()}))
