@@ -83,13 +83,20 @@ def _call_spans(text: str, final: bool) -> list[tuple[int, int, bool]]:
 def _in_string(body: str) -> bool:
     """Whether `body` (a call's JSON so far, then its `</tool_call>`) ends that tag inside a
     JSON string, so the tag may be string content."""
-    in_string, escaped = False, False
-    for ch in body[:len(body) - len(TOOL_CALL_CLOSE)]:
+    return _string_states(body[:len(body) - len(TOOL_CALL_CLOSE)])[-1]
+
+
+def _string_states(text: str) -> list[bool]:
+    """For JSON text: whether the scan is inside a string literal after each character (one more
+    entry than characters; the first is the state before any)."""
+    states, in_string, escaped = [False], False, False
+    for ch in text:
         if in_string:
             escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
         elif ch == '"':
             in_string = True
-    return in_string
+        states.append(in_string)
+    return states
 
 
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -97,13 +104,11 @@ _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments
 
 def _value_end(text: str) -> int | None:
     """Where the JSON object or array at the start of `text` ends; None while it is open."""
-    depth, in_string, escaped = 0, False, False
-    for i, ch in enumerate(text):
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+    depth = 0
+    for i, (ch, inside) in enumerate(zip(text, _string_states(text), strict=False)):
+        if inside:  # the state before `ch`: brackets in a string do not count
+            continue
+        if ch in "{[":
             depth += 1
         elif ch in "}]":
             depth -= 1
