@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from clover.bench.quant import native_bf16
+from clover.bench.quant import cli_dtype
 from clover.engine import LLM, SamplingParams
-from clover.engine.llm import resolve_device
 from clover.tasks.airspace import (
     ANSWER_MAX_TOKENS,
     load_messages_jsonl,
@@ -129,17 +128,8 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
     return row
 
 
-def demo_dtype(dtype: str, device: str) -> str:
-    """The demo's precision. auto: bf16 where the hardware runs it natively (CUDA; a CPU with
-    AVX-512 BF16 or AMX, where docs/bench.md's cost table measured it 1.5x fp32 at batch 1 and
-    1.8x at batch 8, and the precision of the shipped models' evaluation tables), else fp32."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if native_bf16(resolve_device(device)) else "float32"
-
-
 def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any]:
-    cfg = replace(cfg, dtype=demo_dtype(cfg.dtype, cfg.device))
+    cfg = replace(cfg, dtype=cli_dtype(cfg.dtype, cfg.device))
     for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
         if not Path(path, "config.json").is_file():
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "

@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 
+import clover.bench.machine as machine
 from clover.bench.config import BenchConfig, Point, grid, make_config, run_order
 from clover.bench.harness import with_block_size
 from clover.bench.probe import ForwardProbe
-from clover.bench.quant import load_at, split_experts, weight_report
+from clover.bench.quant import cli_dtype, load_at, split_experts, weight_report
 from clover.checkpoint import save
 from clover.cli import main
 from clover.config import get_preset
@@ -76,8 +77,47 @@ def test_bad_settings_name_the_flag(changes, flag):
 
 
 def test_quick_defaults_yield_to_explicit_flags():
-    cfg = make_config(quick=True, n=5, taus=None)
+    cfg = make_config(quick=True, n=5, taus=None, precisions=("fp32", "int8"))
     assert cfg.n == 5 and cfg.taus == (0.7, 0.9) and cfg.precisions == ("fp32", "int8")
+
+
+def _cpu_flags(monkeypatch, *present):
+    monkeypatch.setattr(machine, "cpu_features", lambda: {"flags": list(present)})
+
+
+@pytest.mark.parametrize("flags, native", [(("avx2", "avx512f", "avx512_bf16"), "bf16"),
+                                           (("avx2", "amx_bf16"), "bf16"),
+                                           (("avx2", "avx512f"), "fp32")])
+def test_command_line_precision_auto_is_bf16_only_where_the_cpu_runs_it_natively(
+        monkeypatch, flags, native):
+    """auto -> bf16 on a CPU with AVX-512 BF16 or AMX (the cost table's fastest), fp32 on one
+    without (bf16 is emulated there), in `clover generate / chat / serve / demo` (`cli_dtype`)
+    and `clover bench`'s default precisions; an explicit choice is kept as given."""
+    _cpu_flags(monkeypatch, *flags)
+    assert cli_dtype("auto", "cpu") == {"bf16": "bfloat16", "fp32": "float32"}[native]
+    assert cli_dtype("float32", "cpu") == "float32" and cli_dtype("int8", "cpu") == "int8"
+    assert make_config(device="cpu").precisions == (native, "int8")
+    assert make_config(quick=True, device="cpu").precisions == (native, "int8")
+    assert make_config(device="cpu", precisions=("fp32",)).precisions == ("fp32",)
+
+
+def test_serve_takes_the_native_precision_for_auto(monkeypatch, tmp_path):
+    """`clover serve --dtype auto` hands the server cli_dtype's choice; an explicit one as given."""
+    from clover.server.app import CloverServer
+
+    seen = []
+
+    def load(config):
+        seen.append(config.dtype)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(CloverServer, "load", staticmethod(load))
+    _cpu_flags(monkeypatch, "avx2", "amx_bf16")
+    assert main(["serve", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    assert main(["serve", "--model", str(tmp_path), "--device", "cpu", "--dtype", "float32"]) == 2
+    _cpu_flags(monkeypatch, "avx2")
+    assert main(["serve", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    assert seen == ["bfloat16", "float32", "float32"]
 
 
 def test_missing_model_directory_is_one_line_naming_it(tmp_path, capsys):

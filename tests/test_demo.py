@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-import clover.bench.machine as machine
+from clover.bench.quant import cli_dtype
 from clover.checkpoint import save
 from clover.config import get_preset
-from clover.demo import DemoConfig, demo_dtype, render_table, run_demo
+from clover.demo import DemoConfig, render_table, run_demo
 from clover.model import build_model
 from clover.tokenizer import train_tokenizer
 
@@ -57,7 +57,7 @@ def test_demo_runs_both_models_in_both_regimes(tmp_path, tiny_pair):
     assert by["autoregressive", "batch"]["forwards"] < by["autoregressive", "batch"][
         "request_forwards"]
     # the report names the precision the models ran in, not "auto"
-    assert report["settings"]["dtype"] == demo_dtype("auto", "cpu")
+    assert report["settings"]["dtype"] == cli_dtype("auto", "cpu")
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["rows"][0]["generated_tokens"] == rows[0]["generated_tokens"]
     assert (tmp_path / "map.html").is_file()
@@ -74,20 +74,3 @@ def test_demo_names_a_missing_model_directory(tmp_path, tiny_pair):
 def test_demo_refuses_an_unknown_regime():
     with pytest.raises(ValueError, match="--regimes"):
         DemoConfig(regimes=("sideways",))
-
-
-def test_demo_precision_auto_is_bf16_only_where_the_cpu_runs_it_natively(monkeypatch):
-    """auto -> bf16 on a CPU with AVX-512 BF16 or AMX (the cost table's fastest), fp32 on one
-    without (bf16 is emulated there); an explicit --dtype is kept as given."""
-    def flags(*present):
-        monkeypatch.setattr(machine, "cpu_features", lambda: {"flags": list(present)})
-
-    flags("avx2", "avx512f", "avx512_bf16")
-    assert demo_dtype("auto", "cpu") == "bfloat16"
-    flags("avx2", "amx_bf16")
-    assert demo_dtype("auto", "cpu") == "bfloat16"
-    flags("avx2", "avx512f")
-    assert demo_dtype("auto", "cpu") == "float32"
-    assert demo_dtype("float32", "cpu") == "float32"
-    flags("avx2", "amx_bf16")
-    assert demo_dtype("float32", "cpu") == "float32"

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from clover.bench.quant import cli_dtype
 from clover.checkpoint import save
 from clover.cli import build_parser, main
 from clover.config import get_preset
@@ -58,8 +59,8 @@ def test_text_prompts_print_what_the_library_generates(capsys, model_dir, tmp_pa
     rc, out, _ = _run(capsys, "generate", "--model", model_dir, "--prompt", "the quick",
                       "--prompt-file", str(prompt_file), "--max-tokens", "8", "--device", "cpu")
     assert rc == 0
-    expected = LLM(model_dir, device="cpu").generate(["the quick", "the lazy dog"],
-                                                     SamplingParams(max_tokens=8))
+    expected = LLM(model_dir, device="cpu", dtype=cli_dtype("auto", "cpu")).generate(
+        ["the quick", "the lazy dog"], SamplingParams(max_tokens=8))
     assert out == "".join(f"--- {i} ---\n{o.text}\n" for i, o in enumerate(expected))
 
 
@@ -105,8 +106,8 @@ def test_show_steps_replays_the_same_decode(capsys, model_dir, policy):
 def test_prompt_ids_on_tokenizerless_preset_print_ids(capsys):
     rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "5 6 7",
                       "--max-tokens", "8", "--ignore-eos")
-    expected = LLM("tiny", device="cpu").generate([[5, 6, 7]],
-                                                  SamplingParams(max_tokens=8, ignore_eos=True))
+    expected = LLM("tiny", dtype=cli_dtype("auto", "auto")).generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
     assert rc == 0 and out.split() == [str(t) for t in expected[0].token_ids]
 
 

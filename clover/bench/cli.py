@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from clover.bench.config import DEFAULT_AR_MODEL, DEFAULT_MODEL, TASKS, BenchConfig, make_config
-from clover.bench.quant import PRECISIONS
+from clover.bench.quant import PRECISIONS, native_precision
+from clover.engine.llm import resolve_device
 from clover.tasks.airspace.contract import add_grammar_flag
 
 
@@ -36,7 +37,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if precisions is not None:
             raise ValueError("--quantize and --precisions both given: use one (--quantize int8 "
                              "is --precisions int8)")
-        precisions = ("int8",) if args.quantize == "int8" else ("fp32",)
+        precisions = ("int8",) if args.quantize == "int8" else (
+            native_precision(resolve_device(args.device or "auto")),)
     fields = {k: getattr(args, k) for k in (
         "model", "messages", "n", "split", "seed", "policies", "taus", "steps", "gammas",
         "block_sizes", "batch_sizes", "repeats", "max_tokens", "max_turns", "device", "threads",
@@ -134,9 +136,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", type=comma_list(int), default=None,
                    help=f"engine batch sizes (default {_csv(d.batch_sizes)})")
     p.add_argument("--precisions", type=comma_list(str), default=None,
-                   help=f"from {','.join(PRECISIONS)} (default fp32,int8; quick fp32,int8)")
+                   help=f"from {','.join(PRECISIONS)} (default: the native precision, bf16 on "
+                        "CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32; then int8)")
     p.add_argument("--quantize", default=None, choices=["none", "int8"],
-                   help="load both models at one precision: int8 = torchao weight-only")
+                   help="load both models at one precision: int8 = torchao weight-only, "
+                        "none = the native precision (see --precisions)")
     p.add_argument("--repeats", type=int, default=None,
                    help=f"runs per point; medians and spreads (default {d.repeats}, quick 1)")
     p.add_argument("--max-tokens", type=int, default=None,

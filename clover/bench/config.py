@@ -13,8 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from clover.bench.quant import INT4_NOTE, PRECISIONS
+from clover.bench.quant import INT4_NOTE, PRECISIONS, native_precision
 from clover.engine import SamplingParams
+from clover.engine.llm import resolve_device
 from clover.tasks.airspace import ANSWER_MAX_TOKENS, EVAL_SPLITS
 
 DEFAULT_MODEL = "models/clover-smol"
@@ -25,11 +26,10 @@ KNOB_LABEL = {"tau": "tau", "steps_per_block": "steps", "gamma": "gamma"}
 KNOB_FIELD = {"tau": "taus", "steps_per_block": "steps", "gamma": "gammas"}  # its BenchConfig list
 TASKS = ("airspace",)
 
-# `--quick`: 12 runs on 16 messages (fp32 and int8, tau 0.7 / 0.9, batch 1 / 8), under 10 minutes
-# on 2 CPU cores with clover-tiny; one run per point, so no spreads
+# `--quick`: 12 runs on 16 messages (the native precision and int8, tau 0.7 / 0.9, batch 1 / 8);
+# one run per point, so no spreads
 QUICK: dict[str, Any] = {"n": 16, "policies": ("threshold",), "taus": (0.7, 0.9),
-                         "block_sizes": (0,), "batch_sizes": (1, 8), "precisions": ("fp32", "int8"),
-                         "repeats": 1}
+                         "block_sizes": (0,), "batch_sizes": (1, 8), "repeats": 1}
 
 
 @dataclass(kw_only=True)
@@ -108,6 +108,9 @@ def make_config(quick: bool = False, **given: Any) -> BenchConfig:
     """Defaults (full sweep, or `QUICK`), overridden by whatever the caller set (None: unset)."""
     base = dict(QUICK) if quick else {}
     base.update({k: v for k, v in given.items() if v is not None})
+    if "precisions" not in base:  # the device's native precision (bf16 or fp32), then int8
+        base["precisions"] = (native_precision(resolve_device(base.get("device", "auto"))),
+                              "int8")
     return BenchConfig(quick=quick, **base)
 
 

@@ -148,6 +148,24 @@ def native_bf16(device: torch.device) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_features()["flags"]))
 
 
+def native_precision(device: torch.device) -> str:
+    """The precision the command-line tools take for `auto` (docs/bench.md, "CPU defaults"):
+    bf16 where the hardware runs it natively (CUDA; a CPU with AVX-512 BF16 or AMX, where the
+    cost table measured it 1.5x fp32 at batch 1 and 1.8x at batch 8), else fp32 (bf16 is
+    emulated on AVX2-only CPUs). The Python API (`LLM`) keeps fp32 for `auto` on a CPU."""
+    return "bf16" if native_bf16(device) else "fp32"
+
+
+def cli_dtype(dtype: str, device: str) -> str:
+    """`--dtype` of `clover generate / chat / serve / demo`: `auto` -> `native_precision`'s
+    bfloat16 or float32 on the resolved device; any other value as given."""
+    if dtype != "auto":
+        return dtype
+    from clover.engine.llm import resolve_device
+
+    return {"bf16": "bfloat16", "fp32": "float32"}[native_precision(resolve_device(device))]
+
+
 @dataclass
 class WeightReport:
     total_params: int

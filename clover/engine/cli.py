@@ -23,6 +23,7 @@ from clover.engine.tables import print_stats
 
 # ---- model and prompts ---------------------------------------------------------------------------
 def load_llm(args: argparse.Namespace):
+    from clover.bench.quant import cli_dtype
     from clover.config import PRESETS
     from clover.engine.llm import LLM
 
@@ -31,7 +32,8 @@ def load_llm(args: argparse.Namespace):
                          "nor a model directory")
     if args.model in PRESETS:
         print(f"note: preset {args.model!r} has random weights", file=sys.stderr)
-    return LLM(args.model, device=args.device, dtype=args.dtype, compile=args.compile)
+    return LLM(args.model, device=args.device, dtype=cli_dtype(args.dtype, args.device),
+               compile=args.compile)
 
 
 def _parse_ids(text: str, vocab_size: int) -> list[int]:
@@ -186,7 +188,8 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory or preset name (e.g. tiny)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     p.add_argument("--dtype", default="auto",
-                   help="auto | float32 | bfloat16 | int8 (torchao weight-only; default: auto)")
+                   help="auto (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32) "
+                        "| float32 | bfloat16 | int8 (torchao weight-only; default: auto)")
     p.add_argument("--compile", action="store_true",
                    help="cached forwards of a dense model as one compiled graph (torch.compile; "
                         "worth its 3-5 minutes of compiling only for long jobs)")

@@ -25,6 +25,7 @@ _COMPILE_HELP = ("run cached forwards of a dense model as one compiled graph (to
 
 def _serve(args: argparse.Namespace) -> int:
     try:
+        from clover.bench.quant import cli_dtype
         from clover.server.app import CloverServer, create_app
         from clover.server.http import build_uvicorn
     except ImportError as e:
@@ -34,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     values = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
               if hasattr(args, f.name)}
     values["api_key"] = args.api_key or os.environ.get("CLOVER_API_KEY") or None
+    values["dtype"] = cli_dtype(args.dtype, args.device)
     config = ServerConfig(**values)
     if config.host not in _LOOPBACK:
         note = "" if config.api_key else " without an API key (set --api-key or CLOVER_API_KEY)"
@@ -48,7 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
             cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica))
     server = CloverServer.load(config)
     print(f"serving {server.model_name!r} on http://{config.host}:{config.port}/v1 "
-          f"(max batch {config.max_batch}, context {server.capacity})", file=sys.stderr)
+          f"(max batch {config.max_batch}, context {server.capacity}, {config.dtype})",
+          file=sys.stderr)
     build_uvicorn(create_app(server), server, host=config.host, port=config.port,
                   log_level=args.log_level).run()
     return 0
@@ -77,7 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens for requests that give none (capped by the context)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (default: auto)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32) "
+                        "| float32 | bfloat16 (default: auto)")
     p.add_argument("--compile", action="store_true", help=_COMPILE_HELP)
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (default: $CLOVER_API_KEY, or none)")
