@@ -79,7 +79,8 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
                                                       "--complementary-masks"),
                                                      ("suffix_masks", 0.5, "--suffix-masks"),
                                                      ("eval_every", -1, "--eval-every"),
-                                                     ("ack_share", 0.5, "--ack-share")])
+                                                     ("ack_share", 0.5, "--ack-share"),
+                                                     ("own_token", True, "--own-token")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
@@ -177,8 +178,12 @@ def test_init_from_ar_model_keeps_weights_and_takes_attention_from_recipe(tmp_pa
                            str(tmp_path / "ar"), seed=0)
 
 
-def test_base_recipe_ack_share_out_of_range_names_the_flag(tmp_path):
-    with pytest.raises(ValueError, match="--ack-share"):
+@pytest.mark.parametrize(("changes", "flag"), [
+    ({"attention": "block", "ack_share": 1.5}, "--ack-share"),
+    ({"attention": "causal", "own_token": True}, "--own-token"),  # an AR twin has no masks
+    ({"attention": "block", "own_token": True, "shift_logits": True}, "--own-token")])
+def test_base_recipe_bad_option_names_the_flag(tmp_path, changes, flag):
+    with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="airspace-smol", out=str(tmp_path / "m"),
                                            work_dir=str(tmp_path / "w"), device="cpu",
-                                           attention="block", ack_share=1.5))
+                                           **changes))

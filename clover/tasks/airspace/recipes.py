@@ -244,6 +244,7 @@ class RunArgs:
     progress: bool = True
     lr: float | None = None
     shift_logits: bool = False
+    own_token: bool = False  # base recipes, diffusion: predict a position from its own logits
     sharpen: float = 0.0
     ar_mix: float = 0.0  # diffusion: weight of the next-token loss under a causal mask
     save_dtype: str = "float32"  # dtype of the final model directory's weights
@@ -279,6 +280,9 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
         raise ValueError("--distill-from / --distill-coef: only base recipes (airspace-smol)")
     if args.ack_share:
         raise ValueError("--ack-share: only base recipes (airspace-smol)")
+    if args.own_token:
+        raise ValueError("--own-token: only base recipes (airspace-smol; from-scratch recipes "
+                         "predict their own token unless --shift-logits)")
     if not 0.0 <= args.copy_mix <= 1.0:
         raise ValueError(f"--copy-mix={args.copy_mix} must be in [0, 1]")
     if args.eval_every < 0 or args.calibration_examples < 0:

@@ -113,10 +113,13 @@ def run_smol(args, recipe) -> dict[str, Any]:
 
     if not 0.0 <= args.ack_share <= 1.0:
         raise ValueError(f"--ack-share={args.ack_share} must be in [0, 1]")
+    if args.own_token and (args.attention != "block" or args.shift_logits):
+        raise ValueError("--own-token: only for a diffusion model (--attention block), and not "
+                         "with --shift-logits")
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
-                            args.shift_logits or args.attention == "block", name)
+                            args.attention == "block" and not args.own_token, name)
     teacher = smol_teacher(args, config)  # flags checked before the data is made
     sources = _adapter_digests(args)  # read now: the named directories may be replaced later
     out = Path(args.out or f"models/{name}")

@@ -22,6 +22,7 @@ def _train(args: argparse.Namespace) -> int:
         bf16=args.bf16,
         eval_examples=args.eval_examples,
         progress=not args.no_progress, lr=args.lr, shift_logits=args.shift_logits,
+        own_token=args.own_token,
         sharpen=args.sharpen, ar_mix=args.ar_mix, save_dtype=args.save_dtype,
         copy_mix=args.copy_mix,
         prompt_format=args.prompt_format, prompt_loss=args.prompt_loss,
@@ -67,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: recipe's)")
     p.add_argument("--shift-logits", action="store_true",
                    help="diffusion: position i is predicted at i - 1 (Dream; reuses an AR head)")
+    p.add_argument("--own-token", action="store_true",
+                   help="airspace-smol diffusion: predict a masked position from its own logits "
+                        "(LLaDA, SDAR) instead of the base recipe's shifted prediction")
     p.add_argument("--sharpen", type=float, default=0.0,
                    help="confidence-sharpening weight (entropy where already right)")
     p.add_argument("--ar-mix", type=float, default=0.0, metavar="W",
