@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import clover.bench.machine as machine
+from clover.bench import harness
 from clover.bench.config import BenchConfig, Point, grid, make_config, run_order
 from clover.bench.harness import with_block_size
 from clover.bench.probe import ForwardProbe
@@ -178,6 +179,34 @@ def test_forward_probe_counts_what_the_engine_counts(model_dirs):
     assert probe.count.logits >= stats.forwards and probe.count.peak_rss_bytes > 0
 
 
+def test_predicted_ratio_is_the_tpf_ratio_over_the_timed_block_cost(model_dirs, monkeypatch):
+    """x AR predicted = TPF / AR's TPF x t(1) / t(block): the forwards are timed once per
+    (precision, batch, block) on the dLLM's weights, after the prompt; no AR mate, no figure."""
+    timed = []
+
+    def fake(model, batch, lengths, context, repeats):
+        timed.append((model.config.block_size, batch, lengths, context))
+        return {1: [10.0, 12.0, 11.0], lengths[1]: [30.0, 33.0, 31.0]}
+
+    monkeypatch.setattr(harness, "time_forwards", fake)
+    cfg = BenchConfig(model=model_dirs[0], ar_model=model_dirs[1], policies=("threshold",),
+                      taus=(0.7, 0.9), block_sizes=(0, 4), batch_sizes=(2,), precisions=("fp32",))
+    groups = grid(cfg, model_block=8, with_ar=True)
+    points = [{"key": p.key, "role": p.role, "tpf": 1.0 if p.role == "ar" else 3.0}
+              for g in groups for p in g]
+    models = harness.Models({"dllm": model_dirs[0], "ar": model_dirs[1]}, torch.device("cpu"))
+    harness._add_predicted(points, groups, models, context=100)
+    dllm = [p for p in points if p["role"] == "dllm"]
+    assert [p["predicted_speedup_vs_ar"] for p in dllm] == [pytest.approx(3.0 * 11 / 31)] * 4
+    assert sorted(t[0] for t in timed) == [4, 8] and {t[1:] for t in timed} == {
+        (2, (1, 4), 100), (2, (1, 8), 100)}
+    assert "predicted_speedup_vs_ar" not in points[0]  # the AR point itself
+    alone = [{"key": p.key, "role": p.role, "tpf": 3.0} for p in grid(
+        cfg, model_block=8, with_ar=False)[0]]
+    harness._add_predicted(alone, grid(cfg, model_block=8, with_ar=False), models, context=100)
+    assert not any("predicted_speedup_vs_ar" in p for p in alone)
+
+
 @pytest.fixture(scope="module")
 def bench_run(model_dirs, tmp_path_factory):
     """`clover bench` end to end on two points (dLLM tau=0.9 and its AR twin), 2 messages."""
@@ -209,6 +238,7 @@ def test_sweep_prints_a_table_then_one_json_line(bench_run):
             assert key in p, key
         assert p["graphs_compiled_in_run"] == 0  # eager: nothing compiles
     assert result["points"][1]["speedup_vs_ar"] > 0
+    assert "x AR predicted" in stdout
     assert set(result["matmul_peak_flops_per_s"]) == {"torch.float32"}
     assert result["weights"]["dllm fp32"]["quantized_fraction"] == 0.0
     assert result["hardware"]["device"] == "cpu"

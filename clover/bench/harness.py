@@ -24,6 +24,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from clover.bench.config import BenchConfig, Point, flag, grid, run_order
+from clover.bench.forward import time_forwards
 from clover.bench.machine import llama_bench
 from clover.bench.probe import ForwardProbe, active_matmul_params, matmul_peak
 from clover.bench.quant import (
@@ -215,6 +216,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     points = [summarise(p, runs[p], peaks[str(activation_dtype(p.precision, device))])
               for group in groups for p in group]
     _add_ratios(points, groups, runs)
+    _add_predicted(points, groups, models, prompt_tokens(models, examples))
     doc = _document(cfg, device, examples, models, peaks, points, time.perf_counter() - t0)
     if cfg.llama_bench:
         add_llama_cpp(doc, llama_bench(cfg.llama_bench, gguf_path(), torch.get_num_threads()))
@@ -265,6 +267,38 @@ def _add_ratios(points: list[dict], groups: list[list[Point]],
             if ratios:
                 by_key[p.key]["speedup_vs_ar"] = statistics.median(ratios)
                 by_key[p.key]["spread"]["speedup_vs_ar"] = [min(ratios), max(ratios)]
+
+
+def prompt_tokens(models: Models, examples: list) -> int:
+    """The median first-turn prompt length in tokens: the context the cost model times after."""
+    tok = next(v for (r, _), v in models.loaded.items() if r == "dllm").tokenizer
+    return int(statistics.median(
+        len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
+                                   fixed_task_prompt=True))) for e in examples))
+
+
+def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models, context: int,
+                   repeats: int = 5) -> None:
+    """Per dLLM point with an AR mate: what the cost model predicts for its x AR, TPF_dLLM /
+    TPF_AR x t(1) / t(L) (`clover bench forward`), beside the measured one. t(1) and t(L) are
+    cached forwards of 1 and L = the block's tokens per row after `context` cached ones, timed
+    in this run on the dLLM's weights at the point's precision and batch size."""
+    by_key = {p["key"]: p for p in points}
+    cost: dict[tuple, float] = {}
+    for group in groups:
+        ar = next((by_key[p.key] for p in group if p.role == "ar"), None)
+        for p in group:
+            d = by_key[p.key]
+            if ar is None or p.role == "ar" or not (d.get("tpf") and ar.get("tpf")):
+                continue
+            key = (p.precision, p.batch_size, p.block_size)
+            if key not in cost:
+                model = with_block_size(models.get("dllm", p.precision).model, p.block_size)
+                ctx = min(context, model.config.max_seq_len - p.block_size)
+                ms = time_forwards(model, p.batch_size, (1, p.block_size), ctx, repeats)
+                cost[key] = statistics.median(ms[p.block_size]) / statistics.median(ms[1])
+            d["block_cost_vs_one_token"] = cost[key]
+            d["predicted_speedup_vs_ar"] = d["tpf"] / ar["tpf"] / cost[key]
 
 
 def _document(cfg: BenchConfig, device: torch.device, examples: list, models: Models,

@@ -14,7 +14,7 @@ from typing import Any
 from clover.bench.plots import write_plots
 
 COLUMNS = ("point", "F1", "exact", "TPF", "TPS", "fwd", "full s", "first s", "peak MB",
-           "model/policy/grammar/other", "% peak", "x AR")
+           "model/policy/grammar/other", "% peak", "x AR", "x AR predicted")
 PLOT_TITLES = {"quality_vs_tpf": "Quality vs tokens per forward",
                "quality_vs_time": "Quality vs full task time (AR marked)",
                "tps_vs_batch": "Throughput vs batch size", "first_usable":
@@ -51,7 +51,8 @@ def row(p: dict) -> list[str]:
             str(int(p["forwards"])), _spread(p, "full_task_s"), _spread(p, "first_usable_s"),
             _num(p["peak_memory_bytes"] / 1e6, ".0f"), _split(p),
             _num(None if p["peak_fraction"] is None else 100 * p["peak_fraction"], ".1f"),
-            _spread(p, "speedup_vs_ar") if p.get("speedup_vs_ar") else "-"]
+            _spread(p, "speedup_vs_ar") if p.get("speedup_vs_ar") else "-",
+            _num(p.get("predicted_speedup_vs_ar"), ".2f")]
 
 
 def headline(results: dict[str, Any]) -> str:
@@ -82,7 +83,8 @@ def render_table(results: dict[str, Any]) -> str:
             f"compiling): {', '.join(compiled_in_run)}\n" if compiled_in_run else "")
     return (headline(results) + "\n" + cap.get()
             + f"matmul peak: {peak}; split = model/policy/grammar/other share of the full task "
-              f"time; x AR = AR full task time / this point's, per repeat\n" + warn
+              f"time; x AR = AR full task time / this point's, per repeat; x AR predicted = "
+              f"TPF / AR's TPF x t(1) / t(block), forwards timed in this run\n" + warn
             + _llama_line(results))
 
 
@@ -156,6 +158,12 @@ NOTES = """## How to read this
 - Every figure is the median over repeats; `(a-b)` is the min-max over repeats. Points ran in
   groups of one precision and batch size, the AR point beside its diffusion points, each group
   reversed on odd repeats; `x AR` is the AR/dLLM full-task-time ratio taken within each repeat.
+- `x AR predicted`: what the forward cost model says the ratio should be, TPF / AR's TPF x
+  t(1) / t(block), with t(1) and t(block) cached forwards of 1 and block tokens per row after
+  the median prompt, timed after the sweep on the diffusion model's weights at the point's
+  precision and batch size (`clover bench forward`). The measured ratio falls short of it by
+  what the cost model leaves out: prefill, sampling, policy, grammar, scheduling, and forwards
+  that carry fewer than a block of masked tokens.
 - Full task time: the agent from the first request to the last tool call executed, tool
   results fed back (`max_turns`). First usable result: the first valid tool call executed.
 - TPS: generated tokens / full task time. TPF: generated tokens / request forwards (does not
