@@ -90,6 +90,20 @@ def test_mask_row_is_the_mean_embedding(base_cache):
     torch.testing.assert_close(model.embed.weight[:-1], embed)
 
 
+def test_random_mask_row_is_a_seeded_draw_at_the_embedding_scale(base_cache):
+    """--mask-init random: the same row every time, of the embedding entries' scale, not the
+    mean; the base rows untouched; an unknown choice names the flag."""
+    config = adapted_config(base_cache.config, "block", 4, True, "adapted")
+    a = ad.base_model_for(config, mask_init="random").embed.weight
+    b = ad.base_model_for(config, mask_init="random").embed.weight
+    embed = base_cache.embed.weight
+    assert torch.equal(a[-1], b[-1]) and torch.equal(a[:-1], embed)
+    assert (a[-1] - embed.mean(0)).abs().max() > 10 * embed.mean(0).abs().max()
+    assert 0.8 < (a[-1].float().std() / embed.float().std()).item() < 1.2
+    with pytest.raises(ValueError, match="--mask-init"):
+        ad.with_mask_row({"embed.weight": embed}, "zeros")
+
+
 def test_missing_base_names_the_setup_command(base_cache, tokenizer, tmp_path, monkeypatch):
     config = adapted_config(base_cache.config, "causal", 1, False, "adapted")
     model = ad.base_model_for(config)

@@ -80,7 +80,8 @@ def test_prompt_loss_makes_the_prompt_a_target_and_keeps_the_tokens():
                                                      ("suffix_masks", 0.5, "--suffix-masks"),
                                                      ("eval_every", -1, "--eval-every"),
                                                      ("ack_share", 0.5, "--ack-share"),
-                                                     ("own_token", True, "--own-token")])
+                                                     ("own_token", True, "--own-token"),
+                                                     ("mask_init", "random", "--mask-init")])
 def test_bad_recipe_option_names_the_flag(smoke_recipe, tmp_path, field, value, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="smoke", out=str(tmp_path / "m"),
@@ -181,7 +182,8 @@ def test_init_from_ar_model_keeps_weights_and_takes_attention_from_recipe(tmp_pa
 @pytest.mark.parametrize(("changes", "flag"), [
     ({"attention": "block", "ack_share": 1.5}, "--ack-share"),
     ({"attention": "causal", "own_token": True}, "--own-token"),  # an AR twin has no masks
-    ({"attention": "block", "own_token": True, "shift_logits": True}, "--own-token")])
+    ({"attention": "block", "own_token": True, "shift_logits": True}, "--own-token"),
+    ({"attention": "block", "mask_init": "random"}, "--mask-init .*--train-mask-row")])
 def test_base_recipe_bad_option_names_the_flag(tmp_path, changes, flag):
     with pytest.raises(ValueError, match=flag):
         recipes.run_recipe(recipes.RunArgs(recipe="airspace-smol", out=str(tmp_path / "m"),

@@ -108,8 +108,13 @@ def save_adapter(model: nn.Module, config: ModelConfig, peft_config, tokenizer, 
     return Path(path)
 
 
-def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None = None):
-    """The converted base reshaped for `config`: mask row added and attention mode set."""
+MASK_INITS = ("mean", "random")
+
+
+def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None = None,
+                   mask_init: str = "mean"):
+    """The converted base reshaped for `config`: mask row added (`with_mask_row`) and attention
+    mode set."""
     from clover.checkpoint import load_config, read_state
     from clover.checkpoint.base import require_base
     from clover.model import build_model
@@ -118,7 +123,7 @@ def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None 
     base_config = load_config(base)
     state = read_state(base)
     if config.vocab_size == base_config.vocab_size + 1:
-        state = with_mask_row(state)
+        state = with_mask_row(state, mask_init)
     elif config.vocab_size != base_config.vocab_size:
         raise CheckpointError(f"config.json: vocab_size {config.vocab_size} fits neither the base "
                               f"({base_config.vocab_size}) nor the base plus a mask token")
@@ -127,13 +132,22 @@ def base_model_for(config: ModelConfig, device="cpu", dtype: torch.dtype | None 
     return model.to(device=device, dtype=dtype) if dtype else model.to(device)
 
 
-def with_mask_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The base state with one more embedding row: the mean embedding (see add_mask_token)."""
-    embed = state["embed.weight"]
-    out = {**state, "embed.weight": torch.cat([embed, embed.mean(0, keepdim=True)])}
+def with_mask_row(state: dict[str, torch.Tensor], init: str = "mean") -> dict[str, torch.Tensor]:
+    """The base state with one more embedding row: the mean embedding (see add_mask_token), or
+    `random`: drawn from N(0, s^2), s the standard deviation of the embedding's entries (seed 0)."""
+    if init not in MASK_INITS:
+        raise ValueError(f"--mask-init {init!r}: choose from {', '.join(MASK_INITS)}")
+
+    def row(weight: torch.Tensor) -> torch.Tensor:
+        if init == "mean":
+            return weight.mean(0, keepdim=True)
+        g = torch.Generator().manual_seed(0)
+        draw = torch.randn((1, weight.shape[1]), generator=g, dtype=torch.float32)
+        return (draw * weight.float().std()).to(weight.dtype)
+
+    out = {**state, "embed.weight": torch.cat([state["embed.weight"], row(state["embed.weight"])])}
     if "lm_head.weight" in state:
-        head = state["lm_head.weight"]
-        out["lm_head.weight"] = torch.cat([head, head.mean(0, keepdim=True)])
+        out["lm_head.weight"] = torch.cat([state["lm_head.weight"], row(state["lm_head.weight"])])
     return out
 
 

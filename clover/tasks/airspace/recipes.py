@@ -256,6 +256,7 @@ class RunArgs:
     block_size: int | None = None  # base recipes: diffusion block size (default: the recipe's)
     init_adapter: str | None = None  # base recipes: start the LoRA from this adapter directory
     train_mask_row: bool = False  # base recipes, diffusion: the <|mask|> row trains too
+    mask_init: str = "mean"  # base recipes, diffusion: the <|mask|> row's start (mean | random)
     save_every: int | None = None  # checkpoint every N steps (default: the recipe's)
     micro_batch_size: int | None = None  # examples per forward (default: the recipe's)
     prefix_grad: bool = True  # False: the shared prompt prefix runs without gradient
@@ -280,6 +281,8 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
         raise ValueError("--distill-from / --distill-coef: only base recipes (airspace-smol)")
     if args.ack_share:
         raise ValueError("--ack-share: only base recipes (airspace-smol)")
+    if args.mask_init != "mean":
+        raise ValueError("--mask-init: only base recipes (airspace-smol)")
     if args.own_token:
         raise ValueError("--own-token: only base recipes (airspace-smol; from-scratch recipes "
                          "predict their own token unless --shift-logits)")

@@ -82,12 +82,16 @@ def smol_tokenizer(config: ModelConfig):
 
 
 def smol_model(config: ModelConfig, rank: int, init_adapter: str | None,
-               train_mask_row: bool = False):
-    """Base (+ mask row) with LoRA injected (and the mask row trainable with `train_mask_row`);
-    LoRA matrices (and a trained mask row) from `init_adapter` when given."""
+               train_mask_row: bool = False, mask_init: str = "mean"):
+    """Base (+ mask row, initialised as `mask_init` says) with LoRA injected (and the mask row
+    trainable with `train_mask_row`); LoRA matrices (and a trained mask row) from `init_adapter`
+    when given."""
     if train_mask_row and config.attention == "causal":
         raise ValueError("--train-mask-row: only diffusion models have a mask row")
-    model = adapter.base_model_for(config)
+    if mask_init != "mean" and not train_mask_row:  # loading rebuilds an untrained row as the mean
+        raise ValueError(f"--mask-init {mask_init}: needs --train-mask-row (the adapter then "
+                         "stores the row)")
+    model = adapter.base_model_for(config, mask_init=mask_init)
     peft_config = adapter.lora_config(rank, mask_row=config.mask_id if train_mask_row else None)
     adapter.inject_lora(model, peft_config)
     if init_adapter:
@@ -116,6 +120,9 @@ def run_smol(args, recipe) -> dict[str, Any]:
     if args.own_token and (args.attention != "block" or args.shift_logits):
         raise ValueError("--own-token: only for a diffusion model (--attention block), and not "
                          "with --shift-logits")
+    if args.mask_init != "mean" and not args.train_mask_row:
+        raise ValueError(f"--mask-init {args.mask_init}: needs --train-mask-row (the adapter "
+                         "then stores the row)")
     base_config = load_config(require_base())
     name = "clover-smol-ar" if args.attention == "causal" else "clover-smol"
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
@@ -145,7 +152,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     val_data = smol_sft(tokenizer, val_examples)
     evaluate = task_evaluator(tokenizer, val_examples[:num_eval], val_data, args, recipe, config)
     model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
-                                    args.train_mask_row)
+                                    args.train_mask_row, args.mask_init)
     trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
                       evaluate=evaluate, teacher=teacher)
     summary = trainer.fit()
@@ -218,7 +225,8 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "distill_from": args.distill_from, "distill_coef": args.distill_coef,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
-        "train_mask_row": args.train_mask_row, "ack_share": args.ack_share,
+        "train_mask_row": args.train_mask_row, "mask_init": args.mask_init,
+        "ack_share": args.ack_share,
         "train_rows": len(trainer.train_data),
         "steps": trainer.state.step, "batch_size": cfg.batch_size,
         "examples_seen": trainer.state.step * cfg.batch_size,

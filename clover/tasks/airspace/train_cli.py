@@ -31,7 +31,8 @@ def _train(args: argparse.Namespace) -> int:
         prefix_grad=not args.no_prefix_grad, complementary=args.complementary_masks,
         suffix_masks=args.suffix_masks, eval_every=args.eval_every,
         calibration_examples=args.calibration_examples,
-        train_mask_row=args.train_mask_row, distill_from=args.distill_from,
+        train_mask_row=args.train_mask_row, mask_init=args.mask_init,
+        distill_from=args.distill_from,
         distill_coef=args.distill_coef, ack_share=args.ack_share,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
@@ -135,7 +136,11 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "(e.g. the AR twin, for its diffusion adaptation)")
     p.add_argument("--train-mask-row", action="store_true",
                    help="base recipes, diffusion: train the <|mask|> embedding row too (it "
-                        "starts as the mean embedding; stored in the adapter as one row)")
+                        "starts as --mask-init says; stored in the adapter as one row)")
+    p.add_argument("--mask-init", default="mean", choices=["mean", "random"],
+                   help="base recipes, diffusion: the <|mask|> row's start: the mean embedding "
+                        "(default), or a draw from N(0, s^2) with s the embedding's standard "
+                        "deviation (needs --train-mask-row)")
     p.add_argument("--distill-from", default=None, metavar="DIR",
                    help="base recipes, diffusion: an AR adapter directory (the twin) whose "
                         "next-token distribution each block's first masked position learns "
