@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--command", required=True, help="the exact training command")
     p.add_argument("--ancestor", metavar="WHY", help="an unshipped stage a later one builds on")
     p.add_argument("evals", nargs="*", metavar="TAG=PATH", help="clover eval airspace outputs")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # TAG=PATH items may follow the options
     if bool(args.evals) == bool(args.ancestor):
         p.error("give evaluations (TAG=PATH ...) for a shipped stage, or --ancestor WHY alone")
     evals = {}
