@@ -279,12 +279,16 @@ def prompt_tokens(models: Models, examples: list) -> int:
 
 def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models, context: int,
                    repeats: int = 5) -> None:
-    """Per dLLM point with an AR mate: what the cost model predicts for its x AR, TPF_dLLM /
-    TPF_AR x t(1) / t(L) (`clover bench forward`), beside the measured one. t(1) and t(L) are
-    cached forwards of 1 and L = the block's tokens per row after `context` cached ones, timed
-    in this run on the dLLM's weights at the point's precision and batch size."""
+    """Per dLLM point with an AR mate: what the forward cost model predicts for its x AR, beside
+    the measured one. The engine's block layout (`clover/engine/scheduler.py`) feeds b + shift
+    tokens per step of a block of b, and 2b + shift on the step that starts a block (the block
+    just completed is fed again, so its keys are cached with their final tokens); a share
+    TPF / b of the forwards start a block. So a forward costs c = (TPF / b) t(2b + shift) +
+    (1 - TPF / b) t(b + shift), and x AR = TPF / AR's TPF x t(1) / c, with t timed in this run
+    on the dLLM's weights at the point's precision and batch size, after `context` cached
+    tokens (`clover bench forward`). Prefill is left out."""
     by_key = {p["key"]: p for p in points}
-    cost: dict[tuple, float] = {}
+    cost: dict[tuple, dict[str, float]] = {}
     for group in groups:
         ar = next((by_key[p.key] for p in group if p.role == "ar"), None)
         for p in group:
@@ -293,12 +297,27 @@ def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models
                 continue
             key = (p.precision, p.batch_size, p.block_size)
             if key not in cost:
-                model = with_block_size(models.get("dllm", p.precision).model, p.block_size)
-                ctx = min(context, model.config.max_seq_len - p.block_size)
-                ms = time_forwards(model, p.batch_size, (1, p.block_size), ctx, repeats)
-                cost[key] = statistics.median(ms[p.block_size]) / statistics.median(ms[1])
-            d["block_cost_vs_one_token"] = cost[key]
-            d["predicted_speedup_vs_ar"] = d["tpf"] / ar["tpf"] / cost[key]
+                cost[key] = _block_costs(models.get("dllm", p.precision).model, p.block_size,
+                                         p.batch_size, context, repeats)
+            t = cost[key]
+            start = min(d["tpf"] / p.block_size, 1.0)
+            per_forward = start * t["block_start"] + (1 - start) * t["block"]
+            d["forward_ms"] = t
+            d["block_cost_vs_one_token"] = per_forward / t["one"]
+            d["predicted_speedup_vs_ar"] = d["tpf"] / ar["tpf"] * t["one"] / per_forward
+
+
+def _block_costs(model: CloverModel, block: int, batch: int, context: int,
+                 repeats: int) -> dict[str, float]:
+    """Median ms of the three forwards the cost model prices: one token (AR), a step within a
+    block (b + shift tokens), a step that starts one (2b + shift)."""
+    model = with_block_size(model, block)
+    shift = int(model.config.shift_logits)
+    lengths = (1, block + shift, 2 * block + shift)
+    ctx = min(context, model.config.max_seq_len - lengths[-1])
+    ms = time_forwards(model, batch, lengths, ctx, repeats)
+    return {name: statistics.median(ms[n])
+            for name, n in zip(("one", "block", "block_start"), lengths, strict=True)}
 
 
 def _document(cfg: BenchConfig, device: torch.device, examples: list, models: Models,
