@@ -180,8 +180,9 @@ def test_forward_probe_counts_what_the_engine_counts(model_dirs):
 
 
 def test_predicted_ratio_prices_the_engines_block_layout(model_dirs, monkeypatch):
-    """x AR predicted = TPF / AR's TPF x t(1) / c, c = (TPF / b) t(2b + 1) + (1 - TPF / b) t(b + 1)
-    for a shifted model (a block's first step re-feeds the block just completed): forwards timed
+    """x AR predicted = AR's tokens / the point's x TPF / AR's TPF x t(1) / c, c = (TPF / b)
+    t(2b + 1) + (1 - TPF / b) t(b + 1) for a shifted model (a block's first step re-feeds the
+    block just completed): forwards timed
     once per (precision, batch, block) on the dLLM's weights, after the prompt; no AR mate, no
     figure."""
     timed = []
@@ -195,19 +196,19 @@ def test_predicted_ratio_prices_the_engines_block_layout(model_dirs, monkeypatch
     cfg = BenchConfig(model=model_dirs[0], ar_model=model_dirs[1], policies=("threshold",),
                       taus=(0.7, 0.9), block_sizes=(0, 4), batch_sizes=(2,), precisions=("fp32",))
     groups = grid(cfg, model_block=8, with_ar=True)
-    points = [{"key": p.key, "role": p.role, "tpf": 1.0 if p.role == "ar" else 2.0}
-              for g in groups for p in g]
+    points = [{"key": p.key, "role": p.role, "tpf": 1.0 if p.role == "ar" else 2.0,
+               "generated_tokens": 300 if p.role == "ar" else 400} for g in groups for p in g]
     models = harness.Models({"dllm": model_dirs[0], "ar": model_dirs[1]}, torch.device("cpu"))
     shift = int(models.get("dllm", "fp32").model.config.shift_logits)
     harness._add_predicted(points, groups, models, context=100)
     dllm = [p for p in points if p["role"] == "dllm"]
     per_forward = {b: 2.0 / b * 41 + (1 - 2.0 / b) * 31 for b in (8, 4)}
     assert [p["predicted_speedup_vs_ar"] for p in dllm] == [
-        pytest.approx(2.0 * 11 / per_forward[b]) for b in (8, 4, 8, 4)]
+        pytest.approx(300 / 400 * 2.0 * 11 / per_forward[b]) for b in (8, 4, 8, 4)]
     assert sorted(t[2] for t in timed) == [(1, 4 + shift, 8 + shift), (1, 8 + shift, 16 + shift)]
     assert {t[1] for t in timed} == {2} and {t[3] for t in timed} == {100}
     assert "predicted_speedup_vs_ar" not in points[0]  # the AR point itself
-    alone = [{"key": p.key, "role": p.role, "tpf": 3.0} for p in grid(
+    alone = [{"key": p.key, "role": p.role, "tpf": 3.0, "generated_tokens": 9} for p in grid(
         cfg, model_block=8, with_ar=False)[0]]
     harness._add_predicted(alone, grid(cfg, model_block=8, with_ar=False), models, context=100)
     assert not any("predicted_speedup_vs_ar" in p for p in alone)

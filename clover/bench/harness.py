@@ -284,16 +284,19 @@ def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models
     tokens per step of a block of b, and 2b + shift on the step that starts a block (the block
     just completed is fed again, so its keys are cached with their final tokens); a share
     TPF / b of the forwards start a block. So a forward costs c = (TPF / b) t(2b + shift) +
-    (1 - TPF / b) t(b + shift), and x AR = TPF / AR's TPF x t(1) / c, with t timed in this run
-    on the dLLM's weights at the point's precision and batch size, after `context` cached
-    tokens (`clover bench forward`). Prefill is left out."""
+    (1 - TPF / b) t(b + shift), and x AR = work x TPF / AR's TPF x t(1) / c, where work = the
+    AR's generated tokens / the point's (the same work: 1; the two may write different
+    answers), with t timed in this run on the dLLM's weights at the point's precision and batch
+    size, after `context` cached tokens (`clover bench forward`). Prefill, sampling and the
+    engine's per-step overhead are left out."""
     by_key = {p["key"]: p for p in points}
     cost: dict[tuple, dict[str, float]] = {}
     for group in groups:
         ar = next((by_key[p.key] for p in group if p.role == "ar"), None)
         for p in group:
             d = by_key[p.key]
-            if ar is None or p.role == "ar" or not (d.get("tpf") and ar.get("tpf")):
+            if ar is None or p.role == "ar" or not (d.get("tpf") and ar.get("tpf")
+                                                    and ar.get("generated_tokens")):
                 continue
             key = (p.precision, p.batch_size, p.block_size)
             if key not in cost:
@@ -304,7 +307,8 @@ def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models
             per_forward = start * t["block_start"] + (1 - start) * t["block"]
             d["forward_ms"] = t
             d["block_cost_vs_one_token"] = per_forward / t["one"]
-            d["predicted_speedup_vs_ar"] = d["tpf"] / ar["tpf"] * t["one"] / per_forward
+            work = ar["generated_tokens"] / max(d["generated_tokens"], 1)
+            d["predicted_speedup_vs_ar"] = work * d["tpf"] / ar["tpf"] * t["one"] / per_forward
 
 
 def _block_costs(model: CloverModel, block: int, batch: int, context: int,

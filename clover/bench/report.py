@@ -84,8 +84,8 @@ def render_table(results: dict[str, Any]) -> str:
     return (headline(results) + "\n" + cap.get()
             + f"matmul peak: {peak}; split = model/policy/grammar/other share of the full task "
               f"time; x AR = AR full task time / this point's, per repeat; x AR predicted = "
-              f"the forward cost model's (TPF / AR's TPF x t(1) / the block layout's mean "
-              f"forward cost, forwards timed in this run)\n" + warn
+              f"the forward cost model's (tokens / AR's x TPF / AR's TPF x t(1) / the block "
+              f"layout's mean forward cost, forwards timed in this run)\n" + warn
             + _llama_line(results))
 
 
@@ -159,13 +159,16 @@ NOTES = """## How to read this
 - Every figure is the median over repeats; `(a-b)` is the min-max over repeats. Points ran in
   groups of one precision and batch size, the AR point beside its diffusion points, each group
   reversed on odd repeats; `x AR` is the AR/dLLM full-task-time ratio taken within each repeat.
-- `x AR predicted`: what the forward cost model says the ratio should be, TPF / AR's TPF x
-  t(1) / c. A step within a block feeds b + shift tokens and the step that starts a block 2b +
-  shift (the block just completed is fed again so its keys are cached with their final tokens);
+- `x AR predicted`: what the forward cost model says the ratio should be, work x TPF / AR's
+  TPF x t(1) / c, work = the AR's generated tokens / the point's (the two may write answers of
+  different lengths). A step within a block feeds b + shift tokens and the step that starts
+  a block 2b + shift (the block just completed is fed again so its keys are cached with their
+  final tokens);
   TPF / b of the forwards start a block, so c = (TPF / b) t(2b + shift) + (1 - TPF / b)
   t(b + shift). The forwards are cached ones after the median prompt, timed after the sweep on
   the diffusion model's weights at the point's precision and batch size (`clover bench
-  forward`). What it leaves out: prefill, sampling, policy, grammar and scheduling.
+  forward`). What it leaves out: prefill, sampling, policy, grammar and the engine's other
+  per-step costs (they weigh most on the AR, which takes the most steps).
 - Full task time: the agent from the first request to the last tool call executed, tool
   results fed back (`max_turns`). First usable result: the first valid tool call executed.
 - TPS: generated tokens / full task time. TPF: generated tokens / request forwards (does not
