@@ -8,6 +8,7 @@ from clover.bench.forward import ForwardConfig, Point, plot, predicted_ratios, r
 from clover.checkpoint import save
 from clover.config import get_preset
 from clover.model import build_model
+from clover.model.fused import PACKED_MAX_TOKENS
 
 
 def test_predicted_ratio_is_tpf_times_one_token_cost_over_block_cost():
@@ -55,14 +56,15 @@ def test_compiled_rows_sit_beside_the_eager_ones(tmp_path, monkeypatch):
     dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
     path = save(build_model(get_preset("tiny", attention="block", block_size=4, **dense)), None,
                 tmp_path / "m")
-    cfg = ForwardConfig(model=str(path), precisions=("bf16",), batch_sizes=(1,),  # context
-                        lengths=(1, 32), context=24, repeats=1,  # > 16: its prefill is eager
+    over = PACKED_MAX_TOKENS + 1  # eager only; so is the prefill of a longer context
+    cfg = ForwardConfig(model=str(path), precisions=("bf16",), batch_sizes=(1,),
+                        lengths=(1, over), context=over + 8, repeats=1,
                         engines=("eager", "compiled"))
     results = sweep(cfg, progress=lambda _: None)
     assert [(p["engine"], p["length"]) for p in results["points"]] == [
-        ("eager", 1), ("eager", 32), ("compiled", 1)]
+        ("eager", 1), ("eager", over), ("compiled", 1)]
     assert [(r["engine"], r["length"]) for r in results["predicted_dllm_over_ar"]] == [
-        ("eager", 32)]
+        ("eager", over)]
     assert results["compile_s"]["bf16"] > 0 and "| compiled |" in render(results)
     moe = save(build_model(get_preset("tiny")), None, tmp_path / "moe")
     with pytest.raises(ValueError, match="--compile"):
