@@ -28,7 +28,8 @@ def main() -> None:
             continue
         m = json.loads(record.read_text())["final_metrics"]
         e = Path(f"runs/eval/abl-{name}-val.json")
-        ev = json.loads(e.read_text().strip().splitlines()[-1]) if e.exists() else {}
+        lines = e.read_text().strip().splitlines() if e.exists() else []
+        ev = json.loads(lines[-1]) if lines else {}  # not yet evaluated: "-"
         cells = [name, f"`{flags}`", fmt(m, "wall_s", ".0f"), fmt(m, "val_loss", ".4f"),
                  fmt(m, "cal_next_token_acc", ".4f"), fmt(m, "cal_all_right_1.0"),
                  fmt(m, "cal_tpf_0.9", ".2f"), fmt(m, "cal_all_right_0.9"), fmt(ev, "zone_f1"),
