@@ -163,10 +163,14 @@ def context_need(tok, examples: list, cfg: BenchConfig) -> int:
     The KV cache is sized for it up front (capped at the model's context length; the agent
     caps each turn's max_tokens to the room left).
     """
-    longest = max(len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
-                                                  fixed_task_prompt=True)))
-                  for e in examples)
+    longest = max(_prompt_len(tok, e) for e in examples)
     return longest + cfg.max_turns * (cfg.max_tokens + 256)
+
+
+def _prompt_len(tok, example) -> int:
+    """Tokens of an example's first-turn prompt (system prompt, tools, message)."""
+    return len(tok.encode(render_chat(tok, initial_conversation(example), tools=TOOLS,
+                                      fixed_task_prompt=True)))
 
 
 def _figures(run: AgentRun, probe: ForwardProbe, model: CloverModel,
@@ -272,9 +276,7 @@ def _add_ratios(points: list[dict], groups: list[list[Point]],
 def prompt_tokens(models: Models, examples: list) -> int:
     """The median first-turn prompt length in tokens: the context the cost model times after."""
     tok = next(v for (r, _), v in models.loaded.items() if r == "dllm").tokenizer
-    return int(statistics.median(
-        len(tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
-                                   fixed_task_prompt=True))) for e in examples))
+    return int(statistics.median(_prompt_len(tok, e) for e in examples))
 
 
 def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models, context: int,

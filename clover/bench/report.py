@@ -163,12 +163,11 @@ NOTES = """## How to read this
   TPF x t(1) / c, work = the AR's generated tokens / the point's (the two may write answers of
   different lengths). A step within a block feeds b + shift tokens and the step that starts
   a block 2b + shift (the block just completed is fed again so its keys are cached with their
-  final tokens);
-  TPF / b of the forwards start a block, so c = (TPF / b) t(2b + shift) + (1 - TPF / b)
-  t(b + shift). The forwards are cached ones after the median prompt, timed after the sweep on
-  the diffusion model's weights at the point's precision and batch size (`clover bench
-  forward`). What it leaves out: prefill, sampling, policy, grammar and the engine's other
-  per-step costs (they weigh most on the AR, which takes the most steps).
+  final tokens); TPF / b of the forwards start a block, so c = (TPF / b) t(2b + shift) +
+  (1 - TPF / b) t(b + shift). The forwards are cached ones after the median prompt, timed
+  after the sweep on the diffusion model's weights at the point's precision and batch size
+  (`clover bench forward`). What it leaves out: prefill, sampling, policy, grammar and the
+  engine's other per-step costs (they weigh most on the AR, which takes the most steps).
 - Full task time: the agent from the first request to the last tool call executed, tool
   results fed back (`max_turns`). First usable result: the first valid tool call executed.
 - TPS: generated tokens / full task time. TPF: generated tokens / request forwards (does not

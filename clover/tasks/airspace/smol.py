@@ -88,9 +88,6 @@ def smol_model(config: ModelConfig, rank: int, init_adapter: str | None,
     when given."""
     if train_mask_row and config.attention == "causal":
         raise ValueError("--train-mask-row: only diffusion models have a mask row")
-    if mask_init != "mean" and not train_mask_row:  # loading rebuilds an untrained row as the mean
-        raise ValueError(f"--mask-init {mask_init}: needs --train-mask-row (the adapter then "
-                         "stores the row)")
     model = adapter.base_model_for(config, mask_init=mask_init)
     peft_config = adapter.lora_config(rank, mask_row=config.mask_id if train_mask_row else None)
     adapter.inject_lora(model, peft_config)
@@ -120,7 +117,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     if args.own_token and (args.attention != "block" or args.shift_logits):
         raise ValueError("--own-token: only for a diffusion model (--attention block), and not "
                          "with --shift-logits")
-    if args.mask_init != "mean" and not args.train_mask_row:
+    if args.mask_init != "mean" and not args.train_mask_row:  # loading rebuilds it as the mean
         raise ValueError(f"--mask-init {args.mask_init}: needs --train-mask-row (the adapter "
                          "then stores the row)")
     base_config = load_config(require_base())
