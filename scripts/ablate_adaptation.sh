@@ -5,7 +5,8 @@
 # 3e-4, bf16, trained mask row, no prefix gradient; each run ends with the teacher-forced
 # calibration probe on 16 validation replies and a decoded validation eval (20 messages,
 # threshold tau 0.9, first turn, bf16). Outputs: runs/abl-NAME (model), runs/eval/abl-NAME-val.*;
-# a finished variant is skipped on a rerun. `python scripts/ablation_table.py` prints the table.
+# a finished variant is skipped on a rerun; names as arguments run only those variants
+# (`bash scripts/ablate_adaptation.sh b4 mask`). `python scripts/ablation_table.py` prints the table.
 set -u
 BASE="--block-size 8 --sharpen 0.1 --complementary-masks"
 variants=(
@@ -21,6 +22,7 @@ variants=(
 mkdir -p runs/eval
 for v in "${variants[@]}"; do
   name=${v%%|*}; flags=${v#*|}
+  if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
   out=runs/abl-$name
   if [ ! -f "$out/training.json" ]; then
     echo "=== $name: $flags ($(date -u +%H:%M))"
