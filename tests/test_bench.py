@@ -102,6 +102,28 @@ def test_command_line_precision_auto_is_bf16_only_where_the_cpu_runs_it_natively
     assert make_config(device="cpu", precisions=("fp32",)).precisions == ("fp32",)
 
 
+@pytest.mark.parametrize("flags, warned", [(("avx2",), True), (("avx2", "avx512_bf16"), False),
+                                           (("avx2", "amx_bf16"), False)])
+def test_bf16_asked_for_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, capsys, flags,
+                                                                    warned):
+    """An explicit `--dtype bfloat16` and `clover train --bf16` run as asked, with a warning on
+    stderr where the CPU emulates bf16 (several times slower than float32 there), none where it
+    runs it natively; auto and float32 never warn."""
+    import clover.tasks.airspace.train_cli as train_cli
+
+    _cpu_flags(monkeypatch, *flags)
+    assert cli_dtype("bfloat16", "cpu") == "bfloat16"
+    assert ("warning: --dtype bfloat16" in capsys.readouterr().err) is warned
+    cli_dtype("auto", "cpu"), cli_dtype("float32", "cpu")
+    assert capsys.readouterr().err == ""
+    runs = []
+    monkeypatch.setattr(train_cli, "run_recipe", lambda args: runs.append(args.bf16) or {})
+    for extra in (["--bf16"], []):
+        assert main(["train", "--recipe", "airspace-smol", "--device", "cpu", *extra]) == 0
+        assert ("warning: --bf16" in capsys.readouterr().err) is (warned and bool(extra))
+    assert runs == [True, False]
+
+
 def test_serve_takes_the_native_precision_for_auto(monkeypatch, tmp_path):
     """`clover serve --dtype auto` hands the server cli_dtype's choice; an explicit one as given."""
     from clover.server.app import CloverServer

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,13 +157,25 @@ def native_precision(device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
+def emulated_bf16(device: torch.device) -> str | None:
+    """The warning for bf16 asked for on a CPU that emulates it, or None where it is native."""
+    if device.type != "cpu" or native_bf16(device):
+        return None
+    return ("bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): its matrix products run "
+            "several times slower than float32 (7x on a 2-vCPU AVX2-only AMD EPYC, "
+            "docs/bench.md); float32 is the faster choice here")
+
+
 def cli_dtype(dtype: str, device: str) -> str:
-    """`--dtype` of `clover generate / chat / serve / demo`: `auto` -> `native_precision`'s
-    bfloat16 or float32 on the resolved device; any other value as given."""
-    if dtype != "auto":
-        return dtype
+    """`--dtype` of `clover generate / chat / serve / demo / eval`: `auto` -> `native_precision`'s
+    bfloat16 or float32 on the resolved device; any other value as given (bfloat16 on a CPU
+    that emulates it with a warning on stderr)."""
     from clover.engine.llm import resolve_device
 
+    if dtype != "auto":
+        if dtype in ("bfloat16", "bf16") and (note := emulated_bf16(resolve_device(device))):
+            print(f"warning: --dtype {dtype}: {note}", file=sys.stderr)
+        return dtype
     return {"bf16": "bfloat16", "fp32": "float32"}[native_precision(resolve_device(device))]
 
 

@@ -96,7 +96,10 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
 
     examples = (load_messages_jsonl(args.messages)[:args.n] if args.messages
                 else split_examples(args.split, args.n, args.seed))
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    from clover.bench.quant import cli_dtype
+
+    llm = LLM(args.model, device=args.device, dtype=cli_dtype(args.dtype, args.device),
+              max_batch_size=args.batch_size)
     params = SamplingParams(policy=args.policy, tau=args.tau, gamma=args.gamma,
                             max_tokens=args.max_tokens,
                             structured=tool_constraint() if args.grammar else None)
@@ -186,6 +189,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_grammar_flag(e)
     e.add_argument("--batch-size", dest="batch_size", type=int, default=32)
     e.add_argument("--device", default="auto")
-    e.add_argument("--dtype", default="auto")
+    e.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32) "
+                        "| float32 | bfloat16 | int8")
     e.add_argument("--out", default=None, help="write the predictions (JSONL) here")
     e.set_defaults(func=_dispatch("evaluate"))
