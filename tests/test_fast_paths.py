@@ -7,7 +7,7 @@ import torch
 from clover.checkpoint import load_model, save
 from clover.config import get_preset
 from clover.engine import LLM, SamplingParams
-from clover.model import KVCache, build_model
+from clover.model import KVCache, build_model, fused
 
 CONFIGS = {
     "tiny (block, MoE, qk-norm)": dict(),
@@ -94,8 +94,24 @@ def test_bf16_prepacked_fast_paths_decode_like_the_reference(overrides):
     (larger ones) decode the tokens of the reference layers at temperature 0."""
     model = _model(overrides).to(torch.bfloat16)
     llm = LLM(model, device="cpu", dtype="bfloat16")
-    assert model.layers[0].attn.qkv_fast.packed is not None and model.head_fast is not None
+    packed = model.layers[0].attn.qkv_fast.packed is not None
+    assert packed == fused.bf16_packing_supported() and model.head_fast is not None
     prompts = [_ids(1, 21, seed=3)[0].tolist(), _ids(1, 5, seed=4)[0].tolist()]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    fast = [o.token_ids for o in llm.generate(prompts, params)]
+    model.fuse_projections(enabled=False)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == fast
+
+
+def test_bf16_without_onednn_packing_keeps_the_fused_plain_weights(monkeypatch):
+    """On a CPU where oneDNN cannot prepack bf16 (AVX2 only: its reorder raises), bf16 decoding
+    runs on the fused plain weights and gives the reference layers' tokens."""
+    monkeypatch.setattr(fused, "bf16_packing_supported", lambda: False)
+    model = _model({}).to(torch.bfloat16)
+    llm = LLM(model, device="cpu", dtype="bfloat16")
+    assert model.layers[0].attn.qkv_fast is not None
+    assert all(f.packed is None for f in (model.layers[0].attn.qkv_fast, model.head_fast))
+    prompts = [_ids(1, 21, seed=3)[0].tolist()]
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     fast = [o.token_ids for o in llm.generate(prompts, params)]
     model.fuse_projections(enabled=False)

@@ -14,7 +14,9 @@ against 17.4-21.7; 64: 23.0 against 35.0), bit for bit the same result; 32 cover
 forward that starts each 8-token block of a shifted block-diffusion decode (it re-feeds the block
 just completed) and a batch of 2-3 such rows, which cost 42.5 ms per forward of clover-smol at
 16 and 33.8 ms at 32. An earlier run once measured 64 tokens slower packed, so it stops at 32.
-The packed copy costs the weight's memory once more.
+The packed copy costs the weight's memory once more. oneDNN packs bf16 only on CPUs with
+AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (`bf16_packing_supported`); elsewhere (an AVX2-only CPU)
+the fused plain weights serve every size.
 
 `__call__` returns None, and callers run the separate layers (the reference), unless every
 layer is still the same plain module with the same, unmodified parameters, and autograd is off:
@@ -26,11 +28,19 @@ or a wrapper (LoRA) all fall back. The tied LM head is an `nn.Embedding`'s weigh
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 PACKED_MAX_TOKENS = 32
+
+
+@functools.cache
+def bf16_packing_supported() -> bool:
+    """Whether oneDNN can prepack a bf16 weight on this CPU (its reorder raises otherwise)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class FastLinear:
@@ -56,7 +66,8 @@ class FastLinear:
         else:
             weight_OI = _stack_into([m.weight for m in layers])
             bias_O = None if _bias(layers[0]) is None else _stack_into([m.bias for m in layers])
-        pack = pack and weight_OI.device.type == "cpu" and weight_OI.dtype == torch.bfloat16
+        pack = (pack and weight_OI.device.type == "cpu" and weight_OI.dtype == torch.bfloat16
+                and bf16_packing_supported())
         fast = cls(owner, names, weight_OI, None if bias_O is None else bias_O.data, pack)
         return fast if fast._state is not None else None
 
