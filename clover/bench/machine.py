@@ -75,18 +75,9 @@ def memory_bandwidth(mib: int = 256, seconds: float = 1.0, cpu_clock: bool = Fal
 
 @torch.inference_mode()
 def matmul_peak_cpu(dtype: torch.dtype, seconds: float = 1.0, cpu_clock: bool = False) -> float:
-    """Best FLOP/s of a 1024-square CPU matmul in `dtype` (`cpu_clock`: as memory_bandwidth)."""
-    if not cpu_clock:
-        return matmul_peak(dtype, torch.device("cpu"), seconds)
-    a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 1024).to(dtype)
-    a @ b  # warm-up
-    best, spent = float("inf"), 0.0
-    while spent < seconds:
-        t0 = time.process_time()
-        a @ b
-        took = time.process_time() - t0
-        best, spent = min(best, took), spent + took
-    return 2.0 * 1024**3 / best
+    """Best CPU matmul FLOP/s in `dtype` (probe.matmul_peak; `cpu_clock`: as memory_bandwidth)."""
+    clock = time.process_time if cpu_clock else time.perf_counter
+    return matmul_peak(dtype, torch.device("cpu"), seconds, clock)
 
 
 def machine_peaks(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),

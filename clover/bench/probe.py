@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,21 +86,34 @@ def current_rss() -> int:
         return max_rss()
 
 
+# a square matmul and a transformer-sized [tokens x dim] @ [hidden x dim].T (F.linear's layout): a
+# CPU kernel can be far faster on one (bf16 emulated on an AVX2-only EPYC, 2 threads: 0.8 GFLOP/s
+# square, 18 on the second)
+CPU_PEAK_SHAPES = ((1024, 1024, 1024), (2048, 576, 1536))
+
+
 @torch.inference_mode()
-def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = 1.0) -> float:
-    """Best FLOP/s of a square matmul in `dtype` on `device`, over about `seconds`."""
-    n = 2048 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    (a @ b).sum().item()  # warm-up
-    best, spent = float("inf"), 0.0
-    while spent < seconds:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        sync()
-        took = (time.perf_counter() - t0) / 4
-        best, spent = min(best, took), spent + 4 * took
-    return 2.0 * n**3 / best
+def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = 1.0,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best FLOP/s of dense matmuls in `dtype` on `device`, over about `seconds`: a 2048-square one
+    on CUDA, the best of CPU_PEAK_SHAPES on a CPU (`clock`: time.process_time for this process's
+    CPU time, steadier on a shared machine)."""
+    cuda = device.type == "cuda"
+    shapes = ((2048, 2048, 2048),) if cuda else CPU_PEAK_SHAPES
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rate = 0.0
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(n, k, device=device).to(dtype).T  # F.linear's layout: weight [out, in]
+        (a @ b).sum().item()  # warm-up
+        best, spent = float("inf"), 0.0
+        while spent < seconds / len(shapes):
+            sync()
+            t0 = clock()
+            for _ in range(4):
+                a @ b
+            sync()
+            took = (clock() - t0) / 4
+            best, spent = min(best, took), spent + 4 * took
+        rate = max(rate, 2.0 * m * k * n / best)
+    return rate
