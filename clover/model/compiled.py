@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from clover.model.fused import PACKED_MAX_TOKENS
+from clover.model.fused import PACKED_MAX_TOKENS, bf16_packing_supported
 from clover.model.layers import rms_norm
 from clover.model.moe import SwiGLU
 
@@ -271,8 +271,14 @@ class CompiledForward:
     def applies(self, write, attn_mask_BLS: Tensor | None, return_hidden: bool) -> bool:
         """A cached forward of at most PACKED_MAX_TOKENS tokens (above it eager's matmul is a
         different kernel, and so would its roundings be), every token valid, the mode's own
-        visibility, no grad, and every parameter still the one compiled in."""
-        return (write is not None and write.valid_BL is None and attn_mask_BLS is None
+        visibility, no grad, and every parameter still the one compiled in; not bf16 on a CPU
+        where oneDNN cannot prepack it (AVX2 only: bf16 is emulated and eager runs plain
+        matmuls, whose bits the graph's GEMMs did not give: a 4-token block's logits differed)."""
+        w = self._params[0]
+        emulated = w.dtype == torch.bfloat16 and w.device.type == "cpu" and \
+            not bf16_packing_supported()
+        return (not emulated and write is not None and write.valid_BL is None
+                and attn_mask_BLS is None
                 and write.rows_N.numel() <= PACKED_MAX_TOKENS
                 and not return_hidden and not torch.is_grad_enabled()
                 and self._identity() == self._state)
