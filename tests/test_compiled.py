@@ -147,7 +147,10 @@ def test_compiled_engine_decodes_the_same_tokens(case, compiled_calls, untimed_g
     llm = LLM(_model(overrides), device="cpu", dtype=dtype, compile=True)
     assert llm.engine.runner.compiled
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == ref
-    assert len(compiled_calls) >= 3
+    if dtype == "bfloat16" and not fused.bf16_packing_supported():
+        assert compiled_calls == []  # emulated bf16: the graph steps aside
+    else:
+        assert len(compiled_calls) >= 3
 
 
 def test_the_graph_keeps_its_own_models_weights(compiled_calls, untimed_gemms):
