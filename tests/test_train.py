@@ -495,8 +495,10 @@ def test_micro_batches_do_not_change_the_update():
     one.fit()
     four.fit()
     assert one.state.losses == pytest.approx(four.state.losses, rel=1e-5)
+    # fp32 sums in another order per split: up to 1.2e-5 apart on an AVX2-only CPU after two
+    # Adam steps of lr 3e-3; a wrong normalisation moves an update by a share of the lr
     for a, b in zip(one.model.parameters(), four.model.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5)
+        assert torch.allclose(a, b, atol=1e-4)
 
 
 
