@@ -63,7 +63,7 @@ def main() -> None:
     for prefix, precision, suffix in SETS:
         for name, flags in variants():
             row = from_runs(prefix, name)
-            if row is not None and args.record and row.get("zone_f1") is not None:
+            if row is not None and args.record:
                 stored[name + suffix] = {"flags": flags, "precision": precision,
                                          "measured": args.record, **row}
             row = row if row is not None else stored.get(name + suffix)
