@@ -24,6 +24,7 @@ KEYS = (("wall_s", ".0f"), ("val_loss", ".4f"), ("cal_next_token_acc", ".4f"),
         ("cal_all_right_1.0", ".3f"), ("cal_tpf_0.9", ".2f"), ("cal_all_right_0.9", ".3f"),
         ("zone_f1", ".3f"), ("tool_call_validity", ".3f"), ("exact_message_accuracy", ".3f"),
         ("tpf", ".2f"))
+SETS = (("abl", "bf16", ""), ("abl32", "fp32", " fp32"))  # (runs/ prefix, precision, key suffix)
 
 
 def variants() -> list[tuple[str, str]]:
@@ -31,9 +32,6 @@ def variants() -> list[tuple[str, str]]:
     base = re.search(r'^BASE="(.*)"$', text, re.M).group(1)
     return [(name, flags.replace("$BASE", base))
             for name, flags in re.findall(r'^  "(\w+)\|(.*)"$', text, re.M)]
-
-
-SETS = (("abl", "bf16", ""), ("abl32", "fp32", " fp32"))  # (runs/ prefix, precision, key suffix)
 
 
 def from_runs(prefix: str, name: str) -> dict | None:

@@ -157,13 +157,15 @@ def native_precision(device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
-def emulated_bf16(device: torch.device) -> str | None:
-    """The warning for bf16 asked for on a CPU that emulates it, or None where it is native."""
-    if device.type != "cpu" or native_bf16(device):
-        return None
-    return ("bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): its matrix products run "
-            "several times slower than float32 (7x on a 2-vCPU AVX2-only AMD EPYC, "
-            "docs/bench.md); float32 is the faster choice here")
+def warn_emulated_bf16(flag: str, device: str) -> None:
+    """Warn on stderr that `flag` asked for bf16 on a CPU that emulates it (none where native)."""
+    from clover.engine.llm import resolve_device
+
+    resolved = resolve_device(device)
+    if resolved.type == "cpu" and not native_bf16(resolved):
+        print(f"warning: {flag}: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): its "
+              "matrix products run several times slower than float32 (7x on a 2-vCPU AVX2-only "
+              "AMD EPYC, docs/bench.md); float32 is the faster choice here", file=sys.stderr)
 
 
 def cli_dtype(dtype: str, device: str) -> str:
@@ -173,8 +175,8 @@ def cli_dtype(dtype: str, device: str) -> str:
     from clover.engine.llm import resolve_device
 
     if dtype != "auto":
-        if dtype in ("bfloat16", "bf16") and (note := emulated_bf16(resolve_device(device))):
-            print(f"warning: --dtype {dtype}: {note}", file=sys.stderr)
+        if dtype in ("bfloat16", "bf16"):
+            warn_emulated_bf16(f"--dtype {dtype}", device)
         return dtype
     return {"bf16": "bfloat16", "fp32": "float32"}[native_precision(resolve_device(device))]
 

@@ -256,6 +256,10 @@ class CompiledForward:
             "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self._params = list(model.parameters())
         self._state = self._identity()
+        # bf16 on a CPU that emulates it (a new dtype later is new storage: `_identity` refuses)
+        w = self._params[0]
+        self._emulated = (w.dtype == torch.bfloat16 and w.device.type == "cpu"
+                          and not bf16_packing_supported())
         self._freezing = torch._inductor.config.patch(freezing=True)  # made once: off the step
 
     @classmethod
@@ -274,10 +278,7 @@ class CompiledForward:
         visibility, no grad, and every parameter still the one compiled in; not bf16 on a CPU
         where oneDNN cannot prepack it (AVX2 only: bf16 is emulated and eager runs plain
         matmuls, whose bits the graph's GEMMs did not give: a 4-token block's logits differed)."""
-        w = self._params[0]
-        emulated = w.dtype == torch.bfloat16 and w.device.type == "cpu" and \
-            not bf16_packing_supported()
-        return (not emulated and write is not None and write.valid_BL is None
+        return (not self._emulated and write is not None and write.valid_BL is None
                 and attn_mask_BLS is None
                 and write.rows_N.numel() <= PACKED_MAX_TOKENS
                 and not return_hidden and not torch.is_grad_enabled()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from clover.tasks.airspace.recipes import RECIPES, RunArgs, run_recipe
@@ -17,11 +16,9 @@ from clover.train import DistEnv
 
 def _train(args: argparse.Namespace) -> int:
     if args.bf16:
-        from clover.bench.quant import emulated_bf16
-        from clover.engine.llm import resolve_device
+        from clover.bench.quant import warn_emulated_bf16
 
-        if note := emulated_bf16(resolve_device(args.device)):
-            print(f"warning: --bf16: {note}", file=sys.stderr)
+        warn_emulated_bf16("--bf16", args.device)
     summary = run_recipe(RunArgs(
         recipe=args.recipe, attention=args.attention, init_from=args.init_from, out=args.out,
         work_dir=args.work_dir, steps=args.steps, batch_size=args.batch_size, resume=args.resume,
