@@ -40,6 +40,12 @@ def test_eval_prints_metrics_per_format_and_writes_predictions(capsys, model_dir
     assert sum(p["n"] for p in result["by_format"].values()) == 3
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert ids == [e.id for e in generate_examples("test", 3, 0)]
+    low, high = result["zone_f1_ci95"]  # the message bootstrap, from the same predictions
+    assert low - 1e-4 <= result["zone_f1"] <= high + 1e-4
+    capsys.readouterr()
+    assert main(["score", "airspace", str(out), "--n", "3", "--resamples", "500"]) == 0
+    rescored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rescored["zone_f1"] == pytest.approx(result["zone_f1"])
 
 
 def _constrained_eval(capsys, model_dir, tmp_path, flag: str):

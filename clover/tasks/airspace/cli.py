@@ -67,8 +67,37 @@ SUMMARY_KEYS = ("num_messages", "zone_precision", "zone_recall", "zone_f1", "fie
 
 def _print_summary(result: dict) -> None:
     for key in SUMMARY_KEYS:
-        value = result[key]
-        print(f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}")
+        value, ci = result[key], result.get(f"{key}_ci95")
+        line = f"{key:34s} {value:.4f}" if isinstance(value, float) else f"{key:34s} {value}"
+        print(line + (f"  (95% interval {ci[0]:.4f}-{ci[1]:.4f})" if ci else ""))
+
+
+def _intervals(preds: list, truths: list, resamples: int) -> dict:
+    """{metric}_ci95 for each of stats.METRICS: message-level bootstrap, seed 0."""
+    from clover.tasks.airspace.stats import METRICS, interval, message_counts
+
+    if resamples == 0:
+        return {}
+    counts = message_counts(preds, truths)
+    return {f"{m}_ci95": interval(counts, m, resamples).as_list() for m in METRICS}
+
+
+def _compare(args: argparse.Namespace, preds: list, truths: list) -> dict:
+    """Paired bootstrap of `pred` (A) against `--against` (B) on the same messages."""
+    from clover.tasks.airspace.stats import METRICS, compare, message_counts
+
+    other = _align(_read_jsonl(args.against), truths)
+    counts_a, counts_b = message_counts(preds, truths), message_counts(other, truths)
+    rows = [compare(counts_a, counts_b, m, max(args.resamples, 1)) for m in METRICS]
+    print(f"A {args.pred}  B {args.against}  ({len(truths)} messages, "
+          f"{max(args.resamples, 1)} paired resamples)")
+    print(f"{'metric':26s} {'A':>7s} {'B':>7s} {'A - B':>8s}  {'95% interval':>18s}  A above B")
+    for r in rows:
+        lo, hi = r.difference.as_list()
+        print(f"{r.metric:26s} {r.a:7.4f} {r.b:7.4f} {r.difference.value:+8.4f}  "
+              f"[{lo:+.4f}, {hi:+.4f}]  {100 * r.share_a_better:5.1f}%")
+    return {"against": args.against, "resamples": max(args.resamples, 1),
+            "comparisons": [r.as_dict() for r in rows]}
 
 
 def _airspace_score(args: argparse.Namespace) -> int:
@@ -79,9 +108,12 @@ def _airspace_score(args: argparse.Namespace) -> int:
         truths = load_messages_jsonl(args.truth)
     else:
         truths = split_examples(args.split, args.n, args.seed)
-    result = score(_align(_read_jsonl(args.pred), truths), truths)
+    preds = _align(_read_jsonl(args.pred), truths)
+    result = score(preds, truths) | _intervals(preds, truths, args.resamples)
     _print_summary(result)
     print("errors", " ".join(f"{k}={v}" for k, v in result["errors"].items() if v) or "none")
+    if args.against:
+        result["comparison"] = _compare(args, preds, truths)
     print(json.dumps(result))
     return 0
 
@@ -106,6 +138,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     run = run_agent(llm, examples, params, max_turns=args.max_turns)
     preds = predictions(run)
     result = {k: score(preds, examples)[k] for k in (*SUMMARY_KEYS, "errors")}
+    result |= _intervals(preds, examples, args.resamples)
     result["by_format"] = {}
     for kind in sorted({e.kind.split("+")[0] for e in examples}):
         idx = [i for i, e in enumerate(examples) if e.kind.split("+")[0] == kind]
@@ -167,6 +200,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--split", choices=EVAL_SPLITS, default="test")
     s.add_argument("--n", type=int, default=20)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--against", default=None, metavar="PRED_B",
+                   help="a second run's JSONL on the same messages: paired bootstrap of A - B")
+    _add_resamples(s)
     s.set_defaults(func=_dispatch("score"))
 
     e = subparsers.add_parser("eval", help="decode a split with a model and score it")
@@ -193,4 +229,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="auto (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else float32) "
                         "| float32 | bfloat16 | int8")
     e.add_argument("--out", default=None, help="write the predictions (JSONL) here")
+    _add_resamples(e)
     e.set_defaults(func=_dispatch("evaluate"))
+
+
+def _add_resamples(p: argparse.ArgumentParser) -> None:
+    from clover.tasks.airspace.stats import DEFAULT_RESAMPLES
+
+    p.add_argument("--resamples", type=_resamples, default=DEFAULT_RESAMPLES,
+                   help="message-level bootstrap resamples for the 95%% intervals "
+                        f"(default {DEFAULT_RESAMPLES}; 0: no intervals)")
+
+
+def _resamples(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value

@@ -173,7 +173,8 @@ def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list
                         sum(zone_fields(t) for t in truth_zones), fields_right)
 
 
-def _truth(t: Any) -> tuple[list[Zone], list[str]]:
+def read_truth(t: Any) -> tuple[list[Zone], list[str]]:
+    """An Example or an external {zones, cancels} record -> (true zones, true cancels)."""
     if isinstance(t, dict):
         return [Zone.from_dict(z) for z in t.get("zones") or []], list(t.get("cancels") or [])
     return list(t.zones), list(getattr(t, "cancels", []))
@@ -190,7 +191,7 @@ def score(predictions: list[Any], truths: list[Any]) -> dict:
     total, scores, num_calls, num_invalid, hallucinated, negatives = Counter(), [], 0, 0, 0, 0
     for p, t in zip(predictions, truths, strict=True):
         pred = read_prediction(p)
-        zones, cancels = _truth(t)
+        zones, cancels = read_truth(t)
         s = score_message(pred, zones, cancels)
         scores.append(s)
         total.update(s.errors)
