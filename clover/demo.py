@@ -30,6 +30,7 @@ from clover.tasks.airspace import (
 from clover.tasks.airspace.agent import AgentRun, predictions, run_agent
 from clover.tasks.airspace.contract import tool_constraint
 from clover.tasks.airspace.scorer import match_zones
+from clover.tasks.airspace.stats import compare, interval, message_counts
 
 DEFAULT_MODEL = "models/clover-smol"
 DEFAULT_BASELINE = "models/clover-smol-ar"
@@ -122,9 +123,10 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
            "request_forwards": run.request_forwards, "generated_tokens": run.generated_tokens,
            "engine": run.engine_stats}
     if scores is not None:
-        row.update({k: scores[k] for k in ("zone_f1", "zone_precision", "zone_recall",
-                                           "field_accuracy", "exact_message_accuracy",
-                                           "tool_call_validity")})
+        row.update({k: scores[k] for k in ("zone_f1", "zone_f1_ci95", "zone_precision",
+                                           "zone_recall", "field_accuracy",
+                                           "exact_message_accuracy", "tool_call_validity")
+                    if k in scores})
     return row
 
 
@@ -137,7 +139,7 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
     examples = _examples(cfg)
     params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
                             structured=tool_constraint() if cfg.grammar else None)
-    rows, runs = [], {}
+    rows, runs, counts = [], {}, {}
     for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
         llm = LLM(path, device=cfg.device, dtype=cfg.dtype, max_batch_size=max(len(examples), 1))
         for regime in cfg.regimes:
@@ -146,11 +148,14 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
             if tell:
                 tell(0)
             run = run_one(llm, examples, params, cfg.max_turns, regime, on_message=tell)
-            scores = score(predictions(run), examples) if _has_truth(cfg, examples) else None
+            scores = _scores(run, examples, counts, name) if _has_truth(cfg, examples) else None
             runs.setdefault(name, run)
             rows.append({"regime": regime, **summarise(name, path, run, scores)})
         del llm
     report = _report(cfg, rows)
+    if len(counts) == 2:  # the two models on the same messages (their first regime's answers)
+        report["zone_f1_difference"] = compare(counts["diffusion"],
+                                               counts["autoregressive"]).as_dict()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.map:
@@ -158,6 +163,15 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     report["report"] = str(out / "report.json")
     return report
+
+
+def _scores(run: AgentRun, examples: list, counts: dict, name: str) -> dict:
+    """The scorer's figures and zone F1's message bootstrap interval; the first regime's
+    per-message counts kept for the paired diffusion - AR comparison."""
+    preds = predictions(run)
+    mine = message_counts(preds, examples)
+    counts.setdefault(name, mine)
+    return score(preds, examples) | {"zone_f1_ci95": interval(mine).as_list()}
 
 
 def _ratios(rows: list[dict]) -> dict[str, float | None]:
@@ -220,7 +234,8 @@ def render_table(report: dict[str, Any]) -> str:
         table.add_column(f"{r['model']}\n{r['regime']}", justify="right")
     fields = [("full task time (s)", "full_task_s"), ("first usable result (s)", "first_usable_s"),
               ("TPS", "tps"), ("TPF", "tpf"), ("forwards (batched)", "forwards"),
-              ("zone F1", "zone_f1"), ("field accuracy", "field_accuracy"),
+              ("zone F1", "zone_f1"), ("zone F1, 95% interval", "zone_f1_ci95"),
+              ("field accuracy", "field_accuracy"),
               ("exact-message accuracy", "exact_message_accuracy"),
               ("tool-call validity", "tool_call_validity")]
     for label, key in fields:
@@ -229,10 +244,18 @@ def render_table(report: dict[str, Any]) -> str:
     with console.capture() as cap:
         console.print(table)
     ratios = ", ".join(f"{k} {v}x" for k, v in report["speed_ratio_full_task"].items())
-    return cap.get() + f"speed ratio (AR full task time / diffusion): {ratios}\n"
+    text = cap.get() + f"speed ratio (AR full task time / diffusion): {ratios}\n"
+    diff = report.get("zone_f1_difference")
+    if diff:
+        lo, hi = diff["difference_ci"]
+        text += (f"zone F1, diffusion - AR: {diff['difference']:+.3f} (95% interval {lo:+.3f} to "
+                 f"{hi:+.3f}, paired bootstrap over the messages)\n")
+    return text
 
 
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, list):
+        return "-".join(f"{x:.2f}" for x in v)
     return f"{v:.3f}" if isinstance(v, float) else str(v)

@@ -63,6 +63,13 @@ def test_demo_runs_both_models_in_both_regimes(tmp_path, tiny_pair):
     assert (tmp_path / "map.html").is_file()
     table = " ".join(render_table(report).split())
     assert "one-by-one" in table and "tool-call validity" in table
+    # zone F1's interval brackets it; the paired difference is the two models' F1 apart
+    for row in rows:
+        assert row["zone_f1_ci95"][0] - 1e-4 <= row["zone_f1"] <= row["zone_f1_ci95"][1] + 1e-4
+    diff = report["zone_f1_difference"]
+    want = by["diffusion", "batch"]["zone_f1"] - by["autoregressive", "batch"]["zone_f1"]
+    assert diff["difference"] == pytest.approx(want, abs=1e-4)
+    assert "diffusion - AR" in table and "95% interval" in table
 
 
 def test_demo_names_a_missing_model_directory(tmp_path, tiny_pair):
