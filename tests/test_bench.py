@@ -266,6 +266,7 @@ def test_sweep_prints_a_table_then_one_json_line(bench_run):
                     "policy_s", "grammar_s", "other_s", "peak_fraction", "spread"):
             assert key in p, key
         assert p["graphs_compiled_in_run"] == 0  # eager: nothing compiles
+        assert p["zone_f1_ci95"][0] - 1e-4 <= p["zone_f1"] <= p["zone_f1_ci95"][1] + 1e-4
     assert result["points"][1]["speedup_vs_ar"] > 0
     assert "x AR predicted" in stdout
     assert set(result["matmul_peak_flops_per_s"]) == {"torch.float32"}
@@ -441,3 +442,13 @@ def test_llama_cpp_rate_sits_beside_each_points_task_rate(bench_run, tmp_path):
     with pytest.raises(ValueError, match="--llama-bench"):
         check_inputs(BenchConfig(model=doc["models"]["dllm"]["path"],
                                  llama_bench=str(tmp_path / "m.gguf")))
+
+
+def test_summarise_takes_medians_and_keeps_the_first_repeats_interval():
+    """Over repeats a figure is the median; an interval (a list) is the first repeat's, since
+    greedy answers repeat (checked by `same_output_every_repeat`): no median of lists."""
+    rows = [{"zone_f1": 0.5, "zone_f1_ci95": [0.3, 0.7], "full_task_s": s, "generated_tokens": 9}
+            for s in (2.0, 4.0)]
+    out = harness.summarise(Point("ar", "fp32", 1), rows, peak_flops=0.0)
+    assert out["full_task_s"] == 3.0 and out["spread"]["full_task_s"] == [2.0, 4.0]
+    assert out["zone_f1_ci95"] == [0.3, 0.7] and out["same_output_every_repeat"]

@@ -44,6 +44,7 @@ from clover.model import CloverModel
 from clover.tasks.airspace import TOOLS, load_messages_jsonl, score, split_examples
 from clover.tasks.airspace.agent import AgentRun, initial_conversation, predictions, run_agent
 from clover.tasks.airspace.contract import tool_constraint
+from clover.tasks.airspace.stats import interval, message_counts
 from clover.tokenizer import render_chat
 
 QUALITY = ("zone_f1", "zone_precision", "zone_recall", "field_accuracy",
@@ -149,8 +150,10 @@ def measure(point: Point, loaded: Loaded, examples: list, cfg: BenchConfig,
     # a shape the warm-up did not meet is compiled inside the timed run (minutes): say so
     row["graphs_compiled_in_run"] = counters["stats"]["unique_graphs"] - graphs
     if scored:
-        scores = score(predictions(run), examples)
+        preds = predictions(run)
+        scores = score(preds, examples)
         row.update({k: scores[k] for k in QUALITY})
+        row["zone_f1_ci95"] = interval(message_counts(preds, examples)).as_list()
     del llm
     gc.collect()
     return row
@@ -245,7 +248,10 @@ def summarise(point: Point, rows: list[dict], peak_flops: float) -> dict[str, An
                            "batch_size": point.batch_size, "repeats": len(rows)}
     for k in rows[0]:
         values = [r[k] for r in rows if r[k] is not None]
-        out[k] = statistics.median(values) if values else None
+        if values and isinstance(values[0], list):  # an interval: the first repeat's (greedy
+            out[k] = values[0]  # answers repeat; `same_output_every_repeat` checks it)
+        else:
+            out[k] = statistics.median(values) if values else None
     out["spread"] = {k: [min(v), max(v)] for k in SPREAD
                      if (v := [r[k] for r in rows if r.get(k) is not None])}
     out["graphs_compiled_in_run"] = max(r.get("graphs_compiled_in_run", 0) for r in rows)
