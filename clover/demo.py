@@ -21,6 +21,7 @@ import torch
 
 from clover.bench.quant import cli_dtype
 from clover.engine import LLM, SamplingParams
+from clover.engine.stats import EngineStats
 from clover.tasks.airspace import (
     ANSWER_MAX_TOKENS,
     load_messages_jsonl,
@@ -99,21 +100,19 @@ def run_one(llm: LLM, examples: list, params: SamplingParams, max_turns: int,
 
 
 def sequential(runs) -> AgentRun:
-    """One-by-one runs as one: times add up; the first usable result is the first message's."""
+    """One-by-one runs as one: times add up; the first usable result is the first message's;
+    the engine's totals add up, so its ratios (TPF, rows per step) cover all the runs and its peak
+    memory is the process's, not a sum."""
     runs = list(runs)
     first, elapsed = None, 0.0
     for run in runs:
         if first is None and run.first_usable_s is not None:
             first = elapsed + run.first_usable_s
         elapsed += run.full_task_s
-    stats: dict[str, Any] = {}
-    for run in runs:
-        for key, value in run.engine_stats.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                stats[key] = stats.get(key, 0) + value
+    totals = EngineStats.merged(r.totals for r in runs if r.totals is not None)
     return AgentRun([m for r in runs for m in r.messages], elapsed, first,
                     sum(r.generated_tokens for r in runs), sum(r.forwards for r in runs),
-                    sum(r.request_forwards for r in runs), stats)
+                    sum(r.request_forwards for r in runs), totals.as_dict(), totals)
 
 
 def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from clover.bench.quant import cli_dtype
 from clover.checkpoint import save
 from clover.config import get_preset
 from clover.demo import DemoConfig, render_table, run_demo
+from clover.engine.stats import peak_memory
 from clover.model import build_model
 from clover.tokenizer import train_tokenizer
 
@@ -54,6 +55,12 @@ def test_demo_runs_both_models_in_both_regimes(tmp_path, tiny_pair):
     # one by one, each message is its own batch: as many batched forwards as request forwards
     single = by["autoregressive", "one-by-one"]
     assert single["forwards"] == single["request_forwards"]
+    # the engine's figures over the message-by-message runs are ratios of their totals, not sums
+    # of each run's ratios: one row per step, the TPF of all the tokens, one process's memory
+    engine = single["engine"]
+    assert engine["mean_batch_rows"] == 1.0 and engine["forwards"] == single["forwards"]
+    assert engine["tpf"] == pytest.approx(engine["generated_tokens"] / engine["forwards"], abs=1e-4)
+    assert engine["peak_memory_bytes"] <= peak_memory()  # a high-water mark, never a sum
     assert by["autoregressive", "batch"]["forwards"] < by["autoregressive", "batch"][
         "request_forwards"]
     # the report names the precision the models ran in, not "auto"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -51,6 +51,16 @@ class EngineStats:
     @property
     def wall_s(self) -> float:
         return self.model_s + self.policy_s + self.grammar_s + self.other_s
+
+    @classmethod
+    def merged(cls, parts: Iterable[EngineStats]) -> EngineStats:
+        """Several runs' totals as one run's: the counts and seconds add, so the ratios of
+        `as_dict` (TPF, rows per step, overhead share) are those of all the steps together."""
+        out = cls()
+        for part in parts:
+            for f in fields(cls):
+                setattr(out, f.name, getattr(out, f.name) + getattr(part, f.name))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         wall, per_forward = self.wall_s, max(self.forwards, 1)

@@ -10,6 +10,7 @@ the AR baseline, so their timings are comparable.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from clover.engine import LLM, SamplingParams
 from clover.engine.request import Request
+from clover.engine.stats import EngineStats
 from clover.tasks.airspace.data import Example
 from clover.tasks.airspace.tools import TOOLS, ZoneRegistry
 from clover.tokenizer import parse_tool_calls, render_chat
@@ -44,6 +46,7 @@ class AgentRun:
     forwards: int  # engine steps (batched forward passes)
     request_forwards: int  # forwards summed over requests
     engine_stats: dict[str, Any]
+    totals: EngineStats | None = None  # the engine's raw totals behind engine_stats
 
     @property
     def tps(self) -> float:
@@ -96,7 +99,8 @@ def run_agent(llm: LLM, examples: list[Example], params: SamplingParams, *,
             if not (executed is not None and run.turns < max_turns and submit(run)):
                 run.done_s = time.perf_counter() - t0
     return AgentRun(runs, time.perf_counter() - t0, first_usable, tokens,
-                    engine.stats.forwards, request_forwards, engine.stats.as_dict())
+                    engine.stats.forwards, request_forwards, engine.stats.as_dict(),
+                    copy.copy(engine.stats))
 
 
 def _execute(run: MessageRun, request: Request, tok) -> bool | None:
