@@ -8,7 +8,8 @@ Copies the stage's adapter files (adapter weights and config, base.json, config.
 over the model's, appends the stage's training.json to the model's `stages`, adds the command,
 updates the task example / token / wall-time totals and `stopped_early`, and replaces
 `evaluation` with the given `clover eval airspace` results (each file's last line is the summary
-JSON), keeping the old one as `previous_evaluation`. Then regenerate the shipped-model record
+JSON; `bash scripts/evaluate_stage.sh` writes them and applies the shipping rule first), keeping
+the old one as `previous_evaluation`. Then regenerate the shipped-model record
 (`python tests/test_shipped_models.py NAME`) and rewrite the model's README tables by hand.
 
 A stage that was not shipped but that a later stage trains on (`--init-adapter` from its output)
