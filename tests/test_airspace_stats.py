@@ -44,6 +44,9 @@ def test_interval_brackets_the_value_and_narrows_with_more_messages(examples):
     large = interval(counts.repeat(4, 1)[:240], "zone_f1", resamples=1000)
     assert small.low <= small.value <= small.high and small.high > small.low
     assert (large.high - large.low) < 0.7 * (small.high - small.low)
+    chunked = interval(counts, "zone_f1", resamples=2500)  # more draws than one chunk holds
+    assert chunked == interval(counts, "zone_f1", resamples=2500)  # seeded: the same each time
+    assert chunked.low <= chunked.value <= chunked.high
 
 
 def test_perfect_run_has_a_degenerate_interval(examples):

@@ -76,7 +76,7 @@ def _intervals(preds: list, truths: list, resamples: int) -> dict:
     """{metric}_ci95 for each of stats.METRICS: message-level bootstrap, seed 0."""
     from clover.tasks.airspace.stats import METRICS, interval, message_counts
 
-    if resamples == 0:
+    if resamples == 0 or not truths:
         return {}
     counts = message_counts(preds, truths)
     return {f"{m}_ci95": interval(counts, m, resamples).as_list() for m in METRICS}

@@ -23,6 +23,7 @@ from clover.tasks.airspace.scorer import read_prediction, read_truth, score_mess
 
 COUNTS = ("num_truth", "num_pred", "num_correct", "exact", "num_calls", "num_invalid")
 DEFAULT_RESAMPLES = 2000
+RESAMPLE_CHUNK = 1000  # resamples drawn at once: [chunk, N, C] counts in memory
 
 
 def message_counts(predictions: list[Any], truths: list[Any]) -> Tensor:
@@ -77,14 +78,24 @@ class Interval:
         return [round(self.low, 4), round(self.high, 4)]
 
 
-def _draws(num_messages: int, resamples: int, seed: int) -> Tensor:
-    """[R, N] message indices drawn with replacement (seeded: the same draws for both runs)."""
+def _resampled(counts: list[Tensor], fn: Callable[[Tensor, int], Tensor], resamples: int,
+               seed: int) -> list[Tensor]:  # fmt: skip
+    """[R] values of `fn` per counts table, each resample drawing N messages with replacement;
+    every table is scored on the same draws (seeded), a chunk of draws at a time (bounded
+    memory whatever R is)."""
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
+    num_messages = counts[0].shape[0]
     if num_messages < 1:
         raise ValueError("no messages to resample")
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(num_messages, (resamples, num_messages), generator=gen)
+    out: list[list[Tensor]] = [[] for _ in counts]
+    for start in range(0, resamples, RESAMPLE_CHUNK):
+        size = min(RESAMPLE_CHUNK, resamples - start)
+        draws_RN = torch.randint(num_messages, (size, num_messages), generator=gen)
+        for values, counts_NC in zip(out, counts, strict=True):
+            values.append(fn(counts_NC[draws_RN].sum(1), num_messages))
+    return [torch.cat(values) for values in out]
 
 
 def _interval(values_R: Tensor, value: float, level: float) -> Interval:
@@ -99,8 +110,7 @@ def interval(counts_NC: Tensor, metric: str = "zone_f1", resamples: int = DEFAUL
              seed: int = 0, level: float = 0.95) -> Interval:  # fmt: skip
     """`metric` over all messages and its bootstrap interval at `level` (messages resampled)."""
     fn, n = METRICS[metric], counts_NC.shape[0]
-    draws_RN = _draws(n, resamples, seed)
-    values_R = fn(counts_NC[draws_RN].sum(1), n)
+    (values_R,) = _resampled([counts_NC], fn, resamples, seed)
     return _interval(values_R, fn(counts_NC.sum(0), n).item(), level)
 
 
@@ -130,9 +140,7 @@ def compare(counts_a_NC: Tensor, counts_b_NC: Tensor, metric: str = "zone_f1",
         raise ValueError(f"runs cover different messages: {counts_a_NC.shape[0]} against "
                          f"{counts_b_NC.shape[0]}")
     fn, n = METRICS[metric], counts_a_NC.shape[0]
-    draws_RN = _draws(n, resamples, seed)
-    a_R = fn(counts_a_NC[draws_RN].sum(1), n)
-    b_R = fn(counts_b_NC[draws_RN].sum(1), n)
+    a_R, b_R = _resampled([counts_a_NC, counts_b_NC], fn, resamples, seed)
     a, b = fn(counts_a_NC.sum(0), n).item(), fn(counts_b_NC.sum(0), n).item()
     diff = _interval(a_R - b_R, a - b, level)
     return Comparison(metric, a, b, diff, (a_R > b_R).double().mean().item())
