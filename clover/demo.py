@@ -109,7 +109,7 @@ def sequential(runs) -> AgentRun:
         if first is None and run.first_usable_s is not None:
             first = elapsed + run.first_usable_s
         elapsed += run.full_task_s
-    totals = EngineStats.merged(r.totals for r in runs if r.totals is not None)
+    totals = EngineStats.merged(r.totals for r in runs)
     return AgentRun([m for r in runs for m in r.messages], elapsed, first,
                     sum(r.generated_tokens for r in runs), sum(r.forwards for r in runs),
                     sum(r.request_forwards for r in runs), totals.as_dict(), totals)

@@ -46,7 +46,7 @@ class AgentRun:
     forwards: int  # engine steps (batched forward passes)
     request_forwards: int  # forwards summed over requests
     engine_stats: dict[str, Any]
-    totals: EngineStats | None = None  # the engine's raw totals behind engine_stats
+    totals: EngineStats  # the engine's raw totals behind engine_stats
 
     @property
     def tps(self) -> float:

@@ -84,19 +84,20 @@ def _intervals(preds: list, truths: list, resamples: int) -> dict:
 
 def _compare(args: argparse.Namespace, preds: list, truths: list) -> dict:
     """Paired bootstrap of `pred` (A) against `--against` (B) on the same messages."""
-    from clover.tasks.airspace.stats import METRICS, compare, message_counts
+    from clover.tasks.airspace.stats import DEFAULT_RESAMPLES, METRICS, compare, message_counts
 
+    resamples = args.resamples or DEFAULT_RESAMPLES  # 0 turns off intervals, not the comparison
     other = _align(_read_jsonl(args.against), truths)
     counts_a, counts_b = message_counts(preds, truths), message_counts(other, truths)
-    rows = [compare(counts_a, counts_b, m, max(args.resamples, 1)) for m in METRICS]
+    rows = [compare(counts_a, counts_b, m, resamples) for m in METRICS]
     print(f"A {args.pred}  B {args.against}  ({len(truths)} messages, "
-          f"{max(args.resamples, 1)} paired resamples)")
+          f"{resamples} paired resamples)")
     print(f"{'metric':26s} {'A':>7s} {'B':>7s} {'A - B':>8s}  {'95% interval':>18s}  A above B")
     for r in rows:
         lo, hi = r.difference.as_list()
         print(f"{r.metric:26s} {r.a:7.4f} {r.b:7.4f} {r.difference.value:+8.4f}  "
               f"[{lo:+.4f}, {hi:+.4f}]  {100 * r.share_a_better:5.1f}%")
-    return {"against": args.against, "resamples": max(args.resamples, 1),
+    return {"against": args.against, "resamples": resamples,
             "comparisons": [r.as_dict() for r in rows]}
 
 

@@ -144,6 +144,9 @@ class MessageScore:
     centre_errors_m: list[float]
     num_fields: int = 0  # fields of the true zones (see `zone_fields`)
     num_fields_right: int = 0
+    num_calls: int = 0  # calls made, parsed or not
+    num_invalid: int = 0
+    negative: bool = False  # the truth has no zone and no cancel
 
 
 def zone_fields(truth: Zone) -> int:
@@ -170,7 +173,8 @@ def score_message(pred: Prediction, truth_zones: list[Zone], truth_cancels: list
     exact = not +errors and len(pred.zones) == len(truth_zones) == num_correct
     fields_right = sum(zone_fields(truth_zones[j]) - len(errs) for _, j, errs in matches)
     return MessageScore(len(truth_zones), len(pred.zones), num_correct, exact, errors, dists,
-                        sum(zone_fields(t) for t in truth_zones), fields_right)
+                        sum(zone_fields(t) for t in truth_zones), fields_right, pred.num_calls,
+                        pred.num_invalid, not truth_zones and not truth_cancels)
 
 
 def read_truth(t: Any) -> tuple[list[Zone], list[str]]:
@@ -180,30 +184,30 @@ def read_truth(t: Any) -> tuple[list[Zone], list[str]]:
     return list(t.zones), list(getattr(t, "cancels", []))
 
 
+def score_each(predictions: list[Any], truths: list[Any]) -> list[MessageScore]:
+    """Each message's score, predictions and truths (Examples or external records) aligned by
+    position."""
+    if len(predictions) != len(truths):
+        raise ValueError(f"{len(predictions)} predictions for {len(truths)} messages")
+    return [score_message(read_prediction(p), *read_truth(t))
+            for p, t in zip(predictions, truths, strict=True)]
+
+
 def score(predictions: list[Any], truths: list[Any]) -> dict:
     """Score predictions against truths (Examples or external records), aligned by position.
 
     Returns zone precision / recall / F1, exact-message accuracy, tool-call validity, hallucinated
     zones on negatives, mean centre error of matched zones, and per-error counts.
     """
-    if len(predictions) != len(truths):
-        raise ValueError(f"{len(predictions)} predictions for {len(truths)} messages")
-    total, scores, num_calls, num_invalid, hallucinated, negatives = Counter(), [], 0, 0, 0, 0
-    for p, t in zip(predictions, truths, strict=True):
-        pred = read_prediction(p)
-        zones, cancels = read_truth(t)
-        s = score_message(pred, zones, cancels)
-        scores.append(s)
-        total.update(s.errors)
-        num_calls, num_invalid = num_calls + pred.num_calls, num_invalid + pred.num_invalid
-        if not zones and not cancels:
-            negatives += 1
-            hallucinated += len(pred.zones)
-    return _summary(scores, total, num_calls, num_invalid, negatives, hallucinated)
+    return _summary(score_each(predictions, truths))
 
 
-def _summary(scores: list[MessageScore], errors: Counter, num_calls: int, num_invalid: int,
-             negatives: int, hallucinated: int) -> dict:  # fmt: skip
+def _summary(scores: list[MessageScore]) -> dict:
+    errors = sum((s.errors for s in scores), Counter())
+    num_calls = sum(s.num_calls for s in scores)
+    num_invalid = sum(s.num_invalid for s in scores)
+    negatives = sum(s.negative for s in scores)
+    hallucinated = sum(s.num_pred for s in scores if s.negative)
     n_truth = sum(s.num_truth for s in scores)
     n_pred = sum(s.num_pred for s in scores)
     n_ok = sum(s.num_correct for s in scores)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from clover.tasks.airspace.scorer import read_prediction, read_truth, score_message
+from clover.tasks.airspace.scorer import score_each
 
 COUNTS = ("num_truth", "num_pred", "num_correct", "exact", "num_calls", "num_invalid")
 DEFAULT_RESAMPLES = 2000
@@ -27,15 +27,9 @@ RESAMPLE_CHUNK = 1000  # resamples drawn at once: [chunk, N, C] counts in memory
 
 
 def message_counts(predictions: list[Any], truths: list[Any]) -> Tensor:
-    """[N, C] float64: each message's COUNTS, read exactly as `scorer.score` reads it."""
-    if len(predictions) != len(truths):
-        raise ValueError(f"{len(predictions)} predictions for {len(truths)} messages")
-    rows = []
-    for p, t in zip(predictions, truths, strict=True):
-        pred = read_prediction(p)
-        s = score_message(pred, *read_truth(t))
-        rows.append((s.num_truth, s.num_pred, s.num_correct, float(s.exact), pred.num_calls,
-                     pred.num_invalid))  # fmt: skip
+    """[N, C] float64: each message's COUNTS from `scorer.score_each`, the scores `score` sums."""
+    rows = [(s.num_truth, s.num_pred, s.num_correct, float(s.exact), s.num_calls, s.num_invalid)
+            for s in score_each(predictions, truths)]
     return torch.tensor(rows, dtype=torch.float64).reshape(-1, len(COUNTS))
 
 
