@@ -109,7 +109,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=d.out, help="output directory (report.json, map.html)")
     p.add_argument("--policy", default=d.policy,
                    help=f"the diffusion model's commit policy (default {d.policy}): threshold | "
-                        "prefix | topk | entropy (clover.engine.policies)")
+                        "prefix | spaced | topk | entropy (clover.engine.policies)")
     p.add_argument("--tau", type=float, default=d.tau,
                    help=f"threshold / prefix policies: confidence threshold (default {d.tau})")
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=d.max_tokens)

@@ -28,7 +28,7 @@ def _sharpen(model, scale=6.0):
 
 
 @pytest.mark.parametrize("mode", ["block", "causal"])
-@pytest.mark.parametrize("policy", ["threshold", "prefix", "topk", "entropy"])
+@pytest.mark.parametrize("policy", ["threshold", "prefix", "topk", "entropy", "spaced"])
 def test_cached_engine_equals_uncached_reference(mode, policy):
     """block/causal caches are exact: the engine reproduces the no-cache decoder token for token."""
     model = _sharpen(_model(mode))
@@ -97,10 +97,12 @@ def _random_proposal(seed, B=6, M=9):
     masked[0] = False  # a row with nothing masked must get no commit
     masked[1, :] = False
     masked[1, 3] = True  # a row with one masked position must commit it
+    left = masked & (torch.rand(B, M, generator=g) < 0.7)
+    left[:, 0] = False
     return Proposal(torch.randint(0, 50, (B, M), generator=g), torch.rand(B, M, generator=g),
                     torch.rand(B, M, generator=g) * 3, masked,
                     torch.rand(B, generator=g), torch.rand(B, generator=g) * 2,
-                    torch.randint(1, 5, (B,), generator=g))
+                    torch.randint(1, 5, (B,), generator=g), left_masked_BM=left)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -143,6 +145,68 @@ def test_prefix_policy_commits_the_leading_sure_run():
         assert torch.equal(POLICIES["prefix"]().select(p).sum(-1), p.masked_BM.any(-1).long())
         rows = p.masked_BM.any(-1)
         assert POLICIES["prefix"]().select(p)[rows].long().argmax(-1).equal(first_B[rows])
+
+
+def _spaced_by_hand(conf, masked, left, tau):
+    """One row of the spaced policy as a plain loop: the sure ones most confident first (ties to
+    the left), each taken unless a neighbour was; else the most confident masked one."""
+    M = len(conf)
+    sure = sorted((j for j in range(M) if masked[j] and conf[j] >= tau), key=lambda j: -conf[j])
+    taken: set[int] = set()
+    for j in sure:
+        if not ((left[j] and j - 1 in taken) or (j + 1 < M and left[j + 1] and j + 1 in taken)):
+            taken.add(j)
+    if not taken and any(masked):
+        taken.add(max((j for j in range(M) if masked[j]), key=lambda j: (conf[j], -j)))
+    return sorted(taken)
+
+
+def test_spaced_policy_never_commits_two_neighbours():
+    """spaced: the plain loop's choice; never two neighbouring positions (a column and the one
+    before it when that is its left neighbour); every sure position left out has a neighbour
+    that was taken; at tau 0 on a fully masked row of 2k positions exactly k, alternating."""
+    for seed in range(40):
+        p = _random_proposal(seed)
+        commit = POLICIES["spaced"]().select(p)
+        for b in range(p.masked_BM.shape[0]):
+            want = _spaced_by_hand(p.conf_BM[b].tolist(), p.masked_BM[b].tolist(),
+                                   p.left_masked_BM[b].tolist(), float(p.tau_B[b]))
+            assert commit[b].nonzero().flatten().tolist() == want
+        pairs = commit[:, 1:] & commit[:, :-1] & p.left_masked_BM[:, 1:]
+        assert not pairs.any()
+    M = 8
+    conf = torch.tensor([[0.5, 0.9, 0.6, 0.95, 0.7, 0.8, 0.55, 0.99]])
+    p = Proposal(torch.zeros(1, M, dtype=torch.long), conf, conf,
+                 torch.ones(1, M, dtype=torch.bool), torch.tensor([0.0]), torch.tensor([1.0]),
+                 torch.tensor([1]), left_masked_BM=torch.arange(M)[None] > 0)
+    assert POLICIES["spaced"]().select(p)[0].nonzero().flatten().tolist() == [1, 3, 5, 7]
+    p.left_masked_BM[:] = False  # nothing next to anything: it is the threshold policy
+    assert POLICIES["spaced"]().select(p).equal(POLICIES["threshold"]().select(p))
+    with pytest.raises(ValueError, match="left_masked_BM"):
+        POLICIES["spaced"]().select(Proposal(*[getattr(p, f) for f in (
+            "tokens_BM", "conf_BM", "entropy_BM", "masked_BM", "tau_B", "gamma_B",
+            "steps_left_B")]))
+
+
+def test_spaced_policy_fills_a_block_in_two_steps_at_least():
+    """Decoding through the engine at a tau every position passes: threshold fills each block
+    of 4 in one forward, spaced in two or three (never two neighbours at once), and still
+    equals its reference."""
+    model = _sharpen(_model("block"))
+    llm = LLM(model, device="cpu")
+    base = SamplingParams(max_tokens=12, tau=1e-6, ignore_eos=True)
+    fast = llm.generate(PROMPTS, base)
+    spaced = llm.generate(PROMPTS, base.replace(policy="spaced"))
+    for prompt, f, s in zip(PROMPTS, fast, spaced, strict=True):
+        a = len(prompt)  # blocks are aligned to multiples of 4: the first may be partial
+        starts = [j for j in range(a, a + 12) if j == a or j % 4 == 0]
+        sizes = [min((j // 4 + 1) * 4, a + 12) - j for j in starts]
+        assert f.stats.forwards == len(sizes)
+        # a block of n > 1 positions takes 2 steps at least and at most 3 (n = 4: greedy may
+        # take its two ends first); a single position 1
+        assert sum(1 if n == 1 else 2 for n in sizes) <= s.stats.forwards
+        assert s.stats.forwards <= sum(3 if n == 4 else min(n, 2) for n in sizes)
+        assert s.token_ids == reference_generate(model, prompt, base.replace(policy="spaced"))
 
 
 def test_engine_never_rewrites_a_committed_position(monkeypatch):

@@ -28,12 +28,24 @@ class Proposal:
     gamma_B: Tensor
     steps_left_B: Tensor  # denoising steps left in the block (topk schedule), >= 1
     argmax_BM: Tensor | None = None  # uniform canvases: the most likely token per position
+    # True where the position just left of the slot's is masked too (the previous column is
+    # its left neighbour); the spaced policy needs it, the others ignore it.
+    left_masked_BM: Tensor | None = None
 
     def take(self, rows: list[int]) -> Proposal:
         """The proposal of some rows only (for the policy those rows asked for)."""
+        left = None if self.left_masked_BM is None else self.left_masked_BM[rows]
         return Proposal(self.tokens_BM[rows], self.conf_BM[rows], self.entropy_BM[rows],
                         self.masked_BM[rows], self.tau_B[rows], self.gamma_B[rows],
-                        self.steps_left_B[rows])
+                        self.steps_left_B[rows], left_masked_BM=left)
+
+
+def left_masked(masked: list[list[int]], M: int) -> list[list[bool]]:
+    """Per row, per column (padded to M): whether that masked position's left neighbour
+    (block index one less) is masked too. `masked` lists each row's masked block indexes in
+    ascending order, the engine's column layout."""
+    return [[k > 0 and js[k - 1] == js[k] - 1 for k in range(len(js))] + [False] * (M - len(js))
+            for js in masked]
 
 
 class Policy(Protocol):
@@ -118,6 +130,37 @@ class EntropyBoundPolicy:
         return torch.zeros_like(p.masked_BM).scatter_(1, order_BM, keep_sorted) & p.masked_BM
 
 
+class SpacedPolicy:
+    """Threshold, but never two neighbouring positions in one step (after dilated scheduling,
+    DUS: tokens far apart depend on each other least). Among the masked positions with
+    confidence >= tau, the most confident is taken first, then each next most confident unless
+    a position next to it was taken this step; at least one. Two neighbours proposed in the same
+    forward are each read without the other (a shifted-prediction model reads position j from
+    position j-1's state, masked while j-1 is), so the pair can come out inconsistent: the same
+    token twice, or the halves of two different words. Spaced, the second is proposed again in
+    the next step with its neighbour known. A full block takes at least two steps."""
+
+    def select(self, p: Proposal) -> Tensor:
+        B, M = p.masked_BM.shape
+        sure_BM = (p.conf_BM >= p.tau_B[:, None]) & p.masked_BM
+        left_BM = p.left_masked_BM
+        if left_BM is None:
+            raise ValueError("the spaced policy needs Proposal.left_masked_BM")
+        # a slot's right neighbour is the next column when that column's left one is masked
+        right_BM = torch.cat([left_BM[:, 1:], left_BM.new_zeros(B, 1)], 1)
+        # most confident first; a tie goes to the leftmost (stable), however the row is padded
+        order_BM = p.conf_BM.masked_fill(~sure_BM, -1.0).argsort(dim=-1, descending=True,
+                                                               stable=True)
+        taken = torch.zeros(B, M + 2, dtype=torch.bool, device=p.masked_BM.device)  # padded
+        rows = torch.arange(B, device=p.masked_BM.device)
+        for r in range(int(sure_BM.sum(-1).max()) if B else 0):  # the sure ones come first
+            c_B = order_BM[:, r]
+            clash_B = (left_BM[rows, c_B] & taken[rows, c_B]) \
+                | (right_BM[rows, c_B] & taken[rows, c_B + 2])
+            taken[rows, c_B + 1] = sure_BM[rows, c_B] & ~clash_B
+        return _at_least_one(taken[:, 1:-1], p)
+
+
 def _top_by(score_BM: Tensor, k_B: Tensor, p: Proposal) -> Tensor:
     rank_BM = score_BM.argsort(-1, descending=True).argsort(-1)
     return _at_least_one(rank_BM < k_B[:, None], p)
@@ -129,6 +172,7 @@ POLICIES: dict[str, type] = {
     "topk": TopKPolicy,
     "entropy": EntropyPolicy,
     "entropy_bound": EntropyBoundPolicy,
+    "spaced": SpacedPolicy,
 }
 # policies that read the proposals' entropy (the others get NaN there)
 ENTROPY_POLICIES = ("entropy", "entropy_bound")

@@ -215,8 +215,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--messages", default=None, help="JSONL {id, text, zones} instead of a split")
     e.add_argument("--policy", default="threshold",
-                   help="threshold (--tau) | prefix (--tau, left to right) | topk | entropy "
-                        "(--gamma): clover.engine.policies")
+                   help="threshold (--tau) | prefix (--tau, left to right) | spaced (--tau, "
+                        "never two neighbours in one step) | topk | entropy (--gamma): "
+                        "clover.engine.policies")
     e.add_argument("--tau", type=float, default=0.9)
     e.add_argument("--gamma", type=float, default=0.5,
                    help="entropy policy: summed-entropy budget per step (nats)")
