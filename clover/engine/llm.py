@@ -16,13 +16,7 @@ import torch
 from clover.config import PRESETS, get_preset
 from clover.engine.logprobs import output_logprobs, record_logprobs, wants_logprobs
 from clover.engine.params import SamplingParams
-from clover.engine.policies import (
-    ENTROPY_POLICIES,
-    POLICIES,
-    UNIFORM_POLICIES,
-    Proposal,
-    left_masked,
-)
+from clover.engine.policies import ENTROPY_POLICIES, POLICIES, UNIFORM_POLICIES, Proposal
 from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import CompletionOutput, Request, RequestOutput
 from clover.engine.runner import ModelRunner, RunOutput
@@ -274,8 +268,8 @@ class Engine:
         per_row = self.runner.per_row
         left = None  # only the spaced policy reads it
         if any(q.policy == "spaced" for q in params):
-            left = per_row(left_masked([p.masked for p in batch.rows], run.masked_BM.shape[1]),
-                           torch.bool)
+            M = run.masked_BM.shape[1]
+            left = per_row(Proposal.left_masked([p.masked for p in batch.rows], M), torch.bool)
         return Proposal(run.by_row(tokens_N, 0), run.by_row(conf_N, 0.0), run.by_row(ent_N, 0.0),
                         run.masked_BM, per_row([q.tau for q in params], torch.float32),
                         per_row([q.gamma for q in params], torch.float32),

@@ -39,13 +39,14 @@ class Proposal:
                         self.masked_BM[rows], self.tau_B[rows], self.gamma_B[rows],
                         self.steps_left_B[rows], left_masked_BM=left)
 
+    @staticmethod
+    def left_masked(masked: list[list[int]], M: int) -> list[list[bool]]:
+        """Per row, per column (padded to M): whether that masked position's left neighbour
+        (block index one less) is masked too. `masked` lists each row's masked block indexes
+        in ascending order, the engine's column layout."""
+        return [[k > 0 and js[k - 1] == js[k] - 1 for k in range(len(js))]
+                + [False] * (M - len(js)) for js in masked]
 
-def left_masked(masked: list[list[int]], M: int) -> list[list[bool]]:
-    """Per row, per column (padded to M): whether that masked position's left neighbour
-    (block index one less) is masked too. `masked` lists each row's masked block indexes in
-    ascending order, the engine's column layout."""
-    return [[k > 0 and js[k - 1] == js[k] - 1 for k in range(len(js))] + [False] * (M - len(js))
-            for js in masked]
 
 
 class Policy(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from clover.engine.params import SamplingParams
-from clover.engine.policies import POLICIES, Proposal, left_masked
+from clover.engine.policies import POLICIES, Proposal
 from clover.engine.sampler import RowSampling, propose
 from clover.model import CloverModel
 
@@ -57,7 +57,7 @@ def _denoise_block(model, seq, length, canvas_end, shift, params, gen) -> list[i
         p = Proposal(tokens[None], conf[None], ent[None], torch.ones(1, len(at), dtype=torch.bool),
                      torch.tensor([params.tau]), torch.tensor([params.gamma]),
                      torch.tensor([max(params.steps_per_block - steps, 1)]),
-                     left_masked_BM=torch.tensor(left_masked([masked], len(masked))))
+                     left_masked_BM=torch.tensor(Proposal.left_masked([masked], len(masked))))
         commit = POLICIES[params.policy]().select(p)[0]
         for j, t, c in zip(masked, tokens.tolist(), commit.tolist(), strict=True):
             if c:
