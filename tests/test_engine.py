@@ -163,8 +163,9 @@ def _spaced_by_hand(conf, masked, left, tau):
 
 def test_spaced_policy_never_commits_two_neighbours():
     """spaced: the plain loop's choice; never two neighbouring positions (a column and the one
-    before it when that is its left neighbour); every sure position left out has a neighbour
-    that was taken; at tau 0 on a fully masked row of 2k positions exactly k, alternating."""
+    before it when that is its left neighbour); a fully masked row of 8 at tau 0 gets 4,
+    alternating; with no masked neighbours it is the threshold policy; no neighbour map: an
+    error."""
     for seed in range(40):
         p = _random_proposal(seed)
         commit = POLICIES["spaced"]().select(p)

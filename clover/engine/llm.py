@@ -266,14 +266,13 @@ class Engine:
         steps_left = [max(q.steps_per_block - p.request.steps_in_block, 1)
                       for q, p in zip(params, batch.rows, strict=True)]
         per_row = self.runner.per_row
-        left = None  # only the spaced policy reads it
-        if any(q.policy == "spaced" for q in params):
-            M = run.masked_BM.shape[1]
-            left = per_row(Proposal.left_masked([p.masked for p in batch.rows], M), torch.bool)
+        left = Proposal.left_masked([q.policy for q in params], [p.masked for p in batch.rows],
+                                    run.masked_BM.shape[1])
         return Proposal(run.by_row(tokens_N, 0), run.by_row(conf_N, 0.0), run.by_row(ent_N, 0.0),
                         run.masked_BM, per_row([q.tau for q in params], torch.float32),
                         per_row([q.gamma for q in params], torch.float32),
-                        per_row(steps_left, torch.long), left_masked_BM=left)
+                        per_row(steps_left, torch.long),
+                        left_masked_BM=None if left is None else per_row(left, torch.bool))
 
     def _select(self, p: Proposal, batch: ScheduledBatch) -> torch.Tensor:
         """Each row's commits, chosen by the policy the row's request asked for."""

@@ -29,7 +29,7 @@ class Proposal:
     steps_left_B: Tensor  # denoising steps left in the block (topk schedule), >= 1
     argmax_BM: Tensor | None = None  # uniform canvases: the most likely token per position
     # True where the position just left of the slot's is masked too (the previous column is
-    # its left neighbour); the spaced policy needs it, the others ignore it.
+    # its left neighbour); set for the NEIGHBOUR_POLICIES only.
     left_masked_BM: Tensor | None = None
 
     def take(self, rows: list[int]) -> Proposal:
@@ -40,13 +40,16 @@ class Proposal:
                         self.steps_left_B[rows], left_masked_BM=left)
 
     @staticmethod
-    def left_masked(masked: list[list[int]], M: int) -> list[list[bool]]:
+    def left_masked(policies: list[str], masked: list[list[int]],
+                    M: int) -> list[list[bool]] | None:
         """Per row, per column (padded to M): whether that masked position's left neighbour
-        (block index one less) is masked too. `masked` lists each row's masked block indexes
-        in ascending order, the engine's column layout."""
+        (block index one less) is masked too; None unless a row's policy reads it
+        (NEIGHBOUR_POLICIES). `masked` lists each row's masked block indexes in ascending
+        order, the engine's column layout."""
+        if not any(name in NEIGHBOUR_POLICIES for name in policies):
+            return None
         return [[k > 0 and js[k - 1] == js[k] - 1 for k in range(len(js))]
                 + [False] * (M - len(js)) for js in masked]
-
 
 
 class Policy(Protocol):
@@ -139,7 +142,9 @@ class SpacedPolicy:
     forward are each read without the other (a shifted-prediction model reads position j from
     position j-1's state, masked while j-1 is), so the pair can come out inconsistent: the same
     token twice, or the halves of two different words. Spaced, the second is proposed again in
-    the next step with its neighbour known. A full block takes at least two steps."""
+    the next step with its neighbour known. A full block takes at least two steps. Measured on
+    clover-smol it halves TPF and mends none of its broken calls, which come from commits to the
+    right of a masked gap (docs/bench.md); `prefix` is the policy that avoids those."""
 
     def select(self, p: Proposal) -> Tensor:
         B, M = p.masked_BM.shape
@@ -177,5 +182,7 @@ POLICIES: dict[str, type] = {
 }
 # policies that read the proposals' entropy (the others get NaN there)
 ENTROPY_POLICIES = ("entropy", "entropy_bound")
+# policies that read Proposal.left_masked_BM (the others get None there)
+NEIGHBOUR_POLICIES = ("spaced",)
 # policies for uniform canvases (no mask ids; nothing committed before the block ends)
 UNIFORM_POLICIES = ("entropy_bound",)

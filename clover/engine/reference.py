@@ -54,10 +54,11 @@ def _denoise_block(model, seq, length, canvas_end, shift, params, gen) -> list[i
         at = [len(seq) + j - shift for j in masked]
         row = RowSampling(params.temperature, params.top_p, params.top_k, gen)
         tokens, conf, ent = propose(logits[at], [0] * len(at), [row], mask)
+        left = Proposal.left_masked([params.policy], [masked], len(masked))
         p = Proposal(tokens[None], conf[None], ent[None], torch.ones(1, len(at), dtype=torch.bool),
                      torch.tensor([params.tau]), torch.tensor([params.gamma]),
                      torch.tensor([max(params.steps_per_block - steps, 1)]),
-                     left_masked_BM=torch.tensor(Proposal.left_masked([masked], len(masked))))
+                     left_masked_BM=None if left is None else torch.tensor(left))
         commit = POLICIES[params.policy]().select(p)[0]
         for j, t, c in zip(masked, tokens.tolist(), commit.tolist(), strict=True):
             if c:
