@@ -147,15 +147,19 @@ def test_training_record_pins_the_adapters_it_started_from(tmp_path):
 
     from clover.tasks.airspace.smol import _adapter_digests
 
-    for name, data in (("init", b"student weights"), ("teacher", b"teacher weights")):
+    for name, data in (("init", b"student weights"), ("teacher", b"teacher weights"),
+                       ("verifier", b"verifier weights")):
         (tmp_path / name).mkdir()
         (tmp_path / name / ad.ADAPTER_WEIGHTS).write_bytes(data)
     args = argparse.Namespace(init_adapter=str(tmp_path / "init"),
-                              distill_from=str(tmp_path / "teacher"))
+                              distill_from=str(tmp_path / "teacher"),
+                              verifier=str(tmp_path / "verifier"))
     assert _adapter_digests(args) == {
         "init_adapter_sha256": hashlib.sha256(b"student weights").hexdigest(),
-        "distill_from_sha256": hashlib.sha256(b"teacher weights").hexdigest()}
-    assert _adapter_digests(argparse.Namespace(init_adapter=None, distill_from=None)) == {}
+        "distill_from_sha256": hashlib.sha256(b"teacher weights").hexdigest(),
+        "verifier_sha256": hashlib.sha256(b"verifier weights").hexdigest()}
+    assert _adapter_digests(argparse.Namespace(init_adapter=None, distill_from=None,
+                                               verifier=None)) == {}
 
 
 def test_trained_mask_row_is_stored_alone_and_merged_at_load(base_cache, tokenizer, tmp_path):

@@ -48,6 +48,7 @@ from clover.train.distributed import (
     init_distributed,
     resolve_device,
 )
+from clover.train.draft import Verifier, draft_block
 from clover.train.objectives import (
     OBJECTIVES,
     Objective,
@@ -120,7 +121,8 @@ class Trainer:
     def __init__(self, model: CloverModel, train_data: Sequence[TokenExample],
                  config: TrainConfig, *, val_data: Sequence[TokenExample] = (),
                  collator: Collator | None = None, tokenizer: Any | None = None,
-                 evaluate: Evaluate | None = None, teacher: nn.Module | None = None) -> None:
+                 evaluate: Evaluate | None = None, teacher: nn.Module | None = None,
+                 verifier: nn.Module | None = None) -> None:
         if not train_data:
             raise ValueError("no training examples")
         if config.ar_coef and model.config.attention == "causal":
@@ -144,6 +146,14 @@ class Trainer:
         self.teacher = self._teacher(teacher)
         self.train_objective = _objective(model.config.attention, self.parallel.shares_prefix,
                                           config.prefix_grad, config.complementary, self.teacher)
+        if verifier is not None:  # a drafter for self-speculative decoding (clover.train.draft)
+            if (model.config.attention != "block" or config.complementary or teacher is not None
+                    or config.suffix_masks != 1 or config.ar_coef or config.sharpen_coef):
+                raise ValueError("a verifier trains a block model's drafts on suffix masks "
+                                 "(suffix_masks 1), with no complementary masks, teacher, AR "
+                                 "term or sharpening")
+            self.objective = self.train_objective = functools.partial(
+                draft_block, verifier=Verifier(verifier.to(self.device)))
         self.tokenizer, self.evaluate = tokenizer, evaluate
         self.optimizer = make_optimizer(self.model, config)
         self.state = TrainState()

@@ -266,6 +266,7 @@ class RunArgs:
     calibration_examples: int = 0  # validation replies probed teacher-forced at each evaluation
     distill_from: str | None = None  # base recipes, diffusion: the AR teacher's adapter directory
     distill_coef: float = 0.0  # weight of the KL to the teacher's next-token distribution
+    verifier: str | None = None  # base recipes, block: train a drafter on this AR model's keys
     ack_share: float = 0.0  # base recipes: share of calling examples that add a second-turn row
 
 
@@ -277,8 +278,9 @@ def _check_args(args: RunArgs, recipe: Recipe) -> None:
     if args.ar_mix < 0 or (args.ar_mix and args.attention == "causal"):
         raise ValueError(f"--ar-mix={args.ar_mix}: must be >= 0, and only for diffusion "
                          f"models (--attention block or full; got {args.attention})")
-    if args.distill_from or args.distill_coef:
-        raise ValueError("--distill-from / --distill-coef: only base recipes (airspace-smol)")
+    if args.distill_from or args.distill_coef or args.verifier:
+        raise ValueError("--distill-from / --distill-coef / --verifier: only base recipes "
+                         "(airspace-smol)")
     if args.ack_share:
         raise ValueError("--ack-share: only base recipes (airspace-smol)")
     if args.mask_init != "mean":

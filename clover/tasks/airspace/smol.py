@@ -125,6 +125,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     config = adapted_config(base_config, args.attention, args.block_size or recipe.block_size,
                             args.attention == "block" and not args.own_token, name)
     teacher = smol_teacher(args, config)  # flags checked before the data is made
+    verifier = smol_verifier(args, config)
     sources = _adapter_digests(args)  # read now: the named directories may be replaced later
     out = Path(args.out or f"models/{name}")
     work = Path(args.work_dir or f"runs/train/{out.name}")
@@ -151,7 +152,7 @@ def run_smol(args, recipe) -> dict[str, Any]:
     model, peft_config = smol_model(config, args.lora_rank, args.init_adapter,
                                     args.train_mask_row, args.mask_init)
     trainer = Trainer(model, train, train_cfg, val_data=val_data, tokenizer=tokenizer,
-                      evaluate=evaluate, teacher=teacher)
+                      evaluate=evaluate, teacher=teacher, verifier=verifier)
     summary = trainer.fit()
     if DistEnv.from_environ().is_main and trainer.state.step >= train_cfg.steps:
         info = (_info(args, recipe, config, train_cfg, trainer, summary) | sources
@@ -170,19 +171,32 @@ def smol_teacher(args, config: ModelConfig):
     if bool(args.distill_from) != bool(args.distill_coef):
         raise ValueError(f"--distill-from {args.distill_from} --distill-coef "
                          f"{args.distill_coef}: give both")
-    if not args.distill_from:
+    return _ar_model("--distill-from", args.distill_from, config)
+
+
+def smol_verifier(args, config: ModelConfig):
+    """The AR adapter named by --verifier (the drafter of self-speculative decoding reads its
+    clean keys: `clover.train.draft`), merged; None without it."""
+    if args.verifier and (args.distill_from or args.complementary or args.suffix_masks != 1):
+        raise ValueError(f"--verifier {args.verifier}: drafts train on suffix masks "
+                         "(--suffix-masks 1), without --distill-from or --complementary-masks")
+    return _ar_model("--verifier", args.verifier, config)
+
+
+def _ar_model(flag: str, path: str | None, config: ModelConfig):
+    """A causal adapter model of the base vocabulary, merged, for a block-diffusion model."""
+    if not path:
         return None
     if config.attention != "block":
-        raise ValueError("--distill-from: the student must be a block-diffusion model")
+        raise ValueError(f"{flag}: the model trained must be a block-diffusion model")
     try:
-        teacher = adapter.load_adapter_model(args.distill_from)
+        model = adapter.load_adapter_model(path)
     except (adapter.CheckpointError, FileNotFoundError) as e:
-        raise ValueError(f"--distill-from {args.distill_from}: {e}") from e
-    if teacher.config.attention != "causal" or teacher.config.vocab_size != config.mask_id:
-        raise ValueError(f"--distill-from {args.distill_from}: not a causal model of the base "
-                         f"vocabulary ({teacher.config.attention}, "
-                         f"{teacher.config.vocab_size} tokens)")
-    return teacher
+        raise ValueError(f"{flag} {path}: {e}") from e
+    if model.config.attention != "causal" or model.config.vocab_size != config.mask_id:
+        raise ValueError(f"{flag} {path}: not a causal model of the base vocabulary "
+                         f"({model.config.attention}, {model.config.vocab_size} tokens)")
+    return model
 
 
 def _mask_row_note(config: ModelConfig, trained: bool) -> str | None:
@@ -193,10 +207,11 @@ def _mask_row_note(config: ModelConfig, trained: bool) -> str | None:
 
 
 def _adapter_digests(args) -> dict[str, str]:
-    """SHA-256 of the adapter weights that --init-adapter and --distill-from name, as this
-    process read them: the directories (`models/...`) are replaced when a new stage ships."""
+    """SHA-256 of the adapter weights that --init-adapter, --distill-from and --verifier name, as
+    this process read them: the directories (`models/...`) are replaced when a new stage ships."""
     out = {}
-    for key, path in (("init_adapter", args.init_adapter), ("distill_from", args.distill_from)):
+    for key, path in (("init_adapter", args.init_adapter), ("distill_from", args.distill_from),
+                      ("verifier", args.verifier)):
         if path:
             out[f"{key}_sha256"] = sha256(Path(path) / adapter.ADAPTER_WEIGHTS)
     return out
@@ -220,6 +235,7 @@ def _info(args, recipe, config: ModelConfig, cfg: TrainConfig, trainer: Trainer,
         "lora_rank": args.lora_rank, "init_adapter": args.init_adapter, "seed": args.seed,
         "lr": cfg.lr, "sharpen": args.sharpen, "ar_mix": args.ar_mix,
         "distill_from": args.distill_from, "distill_coef": args.distill_coef,
+        "verifier": args.verifier,
         "micro_batch_size": cfg.micro_batch_size, "prefix_grad": cfg.prefix_grad,
         "complementary_masks": cfg.complementary, "suffix_masks": cfg.suffix_masks,
         "train_mask_row": args.train_mask_row, "mask_init": args.mask_init,

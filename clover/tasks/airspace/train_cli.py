@@ -37,7 +37,7 @@ def _train(args: argparse.Namespace) -> int:
         calibration_examples=args.calibration_examples,
         train_mask_row=args.train_mask_row, mask_init=args.mask_init,
         distill_from=args.distill_from,
-        distill_coef=args.distill_coef, ack_share=args.ack_share,
+        distill_coef=args.distill_coef, ack_share=args.ack_share, verifier=args.verifier,
         config_overrides=parse_overrides(args.set)))
     if DistEnv.from_environ().is_main:
         print(json.dumps(summary))
@@ -153,6 +153,10 @@ def _add_base_recipe_flags(p: argparse.ArgumentParser) -> None:
                         "(clover.train.distill); needs --distill-coef")
     p.add_argument("--distill-coef", type=float, default=0.0, metavar="W",
                    help="weight of that KL term (per target, like the diffusion loss)")
+    p.add_argument("--verifier", default=None, metavar="DIR",
+                   help="airspace-smol, block: train the adapter as the drafter of "
+                        "self-speculative decoding, reading this AR model's clean keys "
+                        "(needs --suffix-masks 1; benchmarks/self_speculative.py decodes)")
     p.add_argument("--ack-share", type=float, default=0.0, metavar="F",
                    help="base recipes: this share of the examples that make calls also trains "
                         "the agent's second turn (gold calls and their tool results in, the "

@@ -1,0 +1,217 @@
+"""Self-speculative decoding: an AR model checks a block-diffusion drafter inside the same forward.
+
+After Set Block Decoding (Gat et al., 2025) and self-speculative decoding. One model, two kinds of
+rows over one KV cache:
+- **clean rows** (tokens already written, and the last forward's drafts) run through the AR
+  weights, causally: they see earlier clean tokens only, never a mask, so each row's logits are
+  the AR model's next-token prediction, exactly as in plain AR decoding;
+- **mask rows** (the rest of the current block) run through the diffusion weights; they see every
+  clean token and each other, as in block diffusion, and draft the block's later tokens (shifted
+  prediction: position q is read from row q - 1).
+A draft is kept only if the next forward's clean rows predict the same token at its position
+(greedy verification); at the first mismatch the AR model's own token is taken and the rest is
+dropped. The output is therefore the AR model's greedy output, token for token (up to floating-
+point ties), every forward commits at least one token, and the drafts decide the speed.
+
+`pair_models` routes a diffusion model's linears (clean rows: the AR model's weights, mask rows:
+its own); both must share everything else (embeddings, norms): two adapters over one base.
+`SelfSpeculative` is the batch-1 reference decoder.
+"""
+
+# Shapes: L new tokens (clean then masks), S key slots, V vocabulary
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from clover.model.transformer import CloverModel, KVCache
+
+ROUTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Route:
+    """Which rows of the current forward are mask rows ([B, L] bool; None: every row is clean)."""
+
+    mask_BL: Tensor | None = None
+
+
+class RoutedLinear(nn.Module):
+    """The clean (AR) linear on clean rows, the masked (diffusion) linear on mask rows."""
+
+    def __init__(self, clean: nn.Module, masked: nn.Module, route: Route) -> None:
+        super().__init__()
+        self.clean, self.masked, self.route = clean, masked, route
+
+    def forward(self, x: Tensor) -> Tensor:
+        m = self.route.mask_BL
+        if m is None or not bool(m.any()):
+            return self.clean(x)
+        if bool(m.all()):
+            return self.masked(x)
+        out = self.clean(x)
+        out[m] = self.masked(x[m]).to(out.dtype)
+        return out
+
+
+@dataclass
+class RoutedPair:
+    """The diffusion model with its linears routed, and how to undo that (to save its adapter)."""
+
+    model: CloverModel
+    route: Route
+    vocab: int  # the AR model's vocabulary: the mask token is never an output
+    swapped: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
+
+    def unroute(self) -> None:
+        for parent, name, _ in self.swapped:
+            setattr(parent, name, getattr(parent, name).masked)
+
+    def reroute(self) -> None:
+        for parent, name, clean in self.swapped:
+            setattr(parent, name, RoutedLinear(clean, getattr(parent, name), self.route))
+
+
+def pair_models(draft: CloverModel, ar: CloverModel) -> RoutedPair:
+    """Route `draft`'s attention and dense-FFN linears (in place): clean rows through `ar`'s.
+    ValueError if the two are not a causal model and a shifted-prediction diffusion model over
+    one base (same embeddings for the AR vocabulary, same norms)."""
+    dc, ac = draft.config, ar.config
+    if ac.attention != "causal":
+        raise ValueError(f"the AR model must be causal (its attention is {ac.attention!r})")
+    if dc.attention != "block" or dc.mask_id is None or not dc.shift_logits:
+        raise ValueError("the draft model must be a block-diffusion model with a mask token and "
+                         "shifted prediction")
+    if dc.num_experts or ac.num_experts:
+        raise ValueError("self-speculative pairs route dense layers only (no MoE)")
+    V = ac.vocab_size
+    if draft.embed.weight.shape[0] < V or not torch.equal(draft.embed.weight[:V],
+                                                          ar.embed.weight):
+        raise ValueError("the two models' embeddings differ: not one base")
+    if (draft.lm_head is None) != (ar.lm_head is None) or draft.lm_head is not None and not \
+            torch.equal(draft.lm_head.weight[:V], ar.lm_head.weight):
+        raise ValueError("the two models' output heads differ: not one base")
+    for (name, a), (_, b) in zip(draft.named_parameters(), ar.named_parameters(), strict=True):
+        if "norm" in name and not torch.equal(a, b):
+            raise ValueError(f"the two models differ at {name}: not one base")
+    pair = RoutedPair(draft, Route(), V)
+    for layer_d, layer_a in zip(draft.layers, ar.layers, strict=True):
+        for parent_d, parent_a in ((layer_d.attn, layer_a.attn), (layer_d.ffn, layer_a.ffn)):
+            for name in ROUTED:
+                if hasattr(parent_d, name):
+                    pair.swapped.append((parent_d, name, getattr(parent_a, name)))
+    pair.reroute()
+    return pair
+
+
+def load_pair(ar_dir: str, draft_dir: str, *, device: str | torch.device = "cpu",
+              dtype: torch.dtype | None = None):
+    """(RoutedPair, the AR model's tokenizer) from two model directories."""
+    from clover import checkpoint
+
+    draft, _ = checkpoint.load(draft_dir, device=device, dtype=dtype)
+    ar, tokenizer = checkpoint.load(ar_dir, device=device, dtype=dtype)
+    return pair_models(draft.eval(), ar.eval()), tokenizer
+
+
+def visibility(length: int, n_clean: int, n_mask: int, num_slots: int,
+               device: torch.device | str = "cpu") -> Tensor:
+    """[L, S]: clean row j (position length + j) sees slots <= its position among the clean ones;
+    a mask row sees every clean slot and every mask of this forward. Slots are positions (one
+    sequence from slot 0)."""
+    L = n_clean + n_mask
+    pos_L = length + torch.arange(L, device=device)
+    slot_S = torch.arange(num_slots, device=device)
+    causal_LS = (slot_S[None, :] <= pos_L[:, None]) & (slot_S[None, :] < length + n_clean)
+    is_mask_L = torch.arange(L, device=device) >= n_clean
+    return torch.where(is_mask_L[:, None], (slot_S < length + L)[None, :], causal_LS)
+
+
+@dataclass
+class SpecResult:
+    ids: list[int]  # generated tokens, through the first stop token
+    forwards: int  # the prefill's included (it writes the first token)
+    drafted: int  # drafts put to the check
+    accepted_at: Counter  # accepted drafts by their place in the run (0 = first after the check)
+
+    @property
+    def tpf(self) -> float:
+        return len(self.ids) / max(self.forwards, 1)
+
+
+class SelfSpeculative:
+    """Batch-1 self-speculative greedy decoding with a `RoutedPair` (see the module docstring).
+
+    tau: drafts are put to the check left to right while their confidence is >= tau (0: the whole
+    rest of the block); a lower bar only costs rows, never quality."""
+
+    def __init__(self, pair: RoutedPair, tau: float = 0.0) -> None:
+        self.pair, self.tau = pair, tau
+        cfg = pair.model.config
+        self.block, self.mask_id = cfg.block_size, cfg.mask_id
+
+    def forward(self, cache: KVCache, clean: list[int], n_mask: int) -> Tensor:
+        """`clean` tokens after the cached ones, then `n_mask` masks: [L, V] fp32 logits."""
+        model, route = self.pair.model, self.pair.route
+        device = cache.pos_BS.device
+        length = int(cache.length_B[0])
+        L = len(clean) + n_mask
+        ids = torch.tensor([clean + [self.mask_id] * n_mask], device=device)
+        pos_L = length + torch.arange(L, device=device)
+        vis_LS = visibility(length, len(clean), n_mask, max(cache.end, length + L), device)
+        route.mask_BL = (torch.arange(L, device=device) >= len(clean))[None]
+        try:
+            out = model(ids, pos_L[None], cache=cache, attn_mask_BLS=vis_LS[None])
+        finally:
+            route.mask_BL = None
+        return out.logits[0, :, :self.pair.vocab].float()
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_tokens: int, stop_ids: set[int]) -> SpecResult:
+        model = self.pair.model
+        device = next(model.parameters()).device
+        dtype = model.embed.weight.dtype
+        cache = KVCache(model.config, 1, len(prompt) + max_tokens + 2 * self.block, device, dtype)
+        seq = list(prompt) + [int(self.forward(cache, prompt, 0)[-1].argmax())]
+        cache.truncate(torch.tensor([len(prompt)], device=device))
+        c, spec = len(prompt), []  # cached positions; drafts awaiting the check
+        res = SpecResult([], 1, 0, Counter())
+
+        def done() -> bool:
+            return bool(stop_ids & set(seq[len(prompt):])) or len(seq) - len(prompt) >= max_tokens
+
+        while not done():
+            start = len(seq) + len(spec)  # the first position nobody has written
+            logits = self.forward(cache, seq[c:] + spec, -start % self.block or self.block)
+            res.forwards += 1
+            best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
+            ok = 0
+            while ok < len(spec) and best[len(seq) + ok - 1 - c] == spec[ok]:
+                res.accepted_at[ok] += 1
+                ok += 1
+            res.drafted += len(spec)
+            at = len(seq) + ok  # the position the AR model's own token fills
+            seq += spec[:ok] + [best[at - 1 - c]]
+            cache.truncate(torch.tensor([at], device=device))
+            # every draft held: this forward's drafts were made on the right tokens
+            spec = self._drafts(logits, at, c) if ok == len(spec) else []
+            c = at
+        out = seq[len(prompt):]
+        stops = [i for i, t in enumerate(out) if t in stop_ids]
+        res.ids = out[:stops[0] + 1] if stops else out[:max_tokens]
+        return res
+
+    def _drafts(self, logits: Tensor, at: int, c: int) -> list[int]:
+        """Drafts for positions at + 1 .. the block's end - 1 (mask rows at .. end - 2), left to
+        right while confidence >= tau."""
+        end = (at // self.block + 1) * self.block
+        conf, tokens = logits[at - c:end - 1 - c].softmax(-1).max(-1)
+        spec = []
+        for t, p in zip(tokens.tolist(), conf.tolist(), strict=True):
+            if p < self.tau:
+                break
+            spec.append(t)
+        return spec

@@ -1,0 +1,98 @@
+"""Self-speculative decoding (clover/engine/speculative.py): the AR model checks the diffusion
+drafter's tokens, so the output must be the AR model's greedy output, token for token."""
+
+import pytest
+import torch
+
+from clover.config import get_preset
+from clover.engine.speculative import SelfSpeculative, pair_models, visibility
+from clover.model import build_model
+
+DENSE = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
+
+
+def _pair(noise: float, seed: int = 0):
+    ar = build_model(get_preset("tiny", attention="causal", block_size=1, **DENSE), seed=seed)
+    draft = build_model(get_preset("tiny", shift_logits=True, **DENSE), seed=seed + 1)
+    state = ar.state_dict()
+    g = torch.Generator().manual_seed(seed)
+    for name, p in state.items():  # one base: the draft differs only in its linears
+        if p.ndim == 2 and "proj" in name:
+            state[name] = p + noise * torch.randn(p.shape, generator=g)
+    draft.load_state_dict(state)
+    return ar.eval(), pair_models(draft.eval(), ar)
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_output_is_the_ar_models_greedy_output(noise):
+    ar, pair = _pair(noise)
+    dec = SelfSpeculative(pair)
+    accepted = 0
+    for seed in range(4):
+        prompt = torch.randint(3, 500, (5 + 3 * seed,),
+                               generator=torch.Generator().manual_seed(seed)).tolist()
+        res = dec.generate(prompt, max_tokens=30, stop_ids=set())
+        assert res.ids == _greedy(ar, prompt, 30)
+        assert 1 <= res.forwards <= 30  # at least one token per forward
+        accepted += sum(res.accepted_at.values())
+        assert res.tpf == 30 / res.forwards
+    if noise == 0.0:  # the same linears, other attention: some drafts hold, some do not
+        assert accepted > 0
+
+
+def test_drafts_that_are_always_right_fill_the_block():
+    # a zero head: every logit is 0, so every argmax (clean or mask row) is token 0
+    ar, pair = _pair(0.0)
+    for model in (ar, pair.model):
+        torch.nn.init.zeros_(model.lm_head.weight if model.lm_head is not None
+                             else model.embed.weight)
+    res = SelfSpeculative(pair).generate([5, 6, 7], max_tokens=40, stop_ids=set())
+    assert res.ids == [0] * 40
+    assert res.drafted == sum(res.accepted_at.values())  # none rejected
+    # block 4: the prefill writes position 3, the next forward position 4 (its block's first
+    # draft-free token) and drafts 5-7; from then on each forward takes 3 drafts and the twin's
+    # own next token: 2 + 4 * 10 >= 40 tokens in 12 forwards
+    assert res.forwards == 12
+
+
+def test_stops_at_a_stop_token():
+    ar, pair = _pair(0.0)
+    prompt = [5, 6, 7, 8]
+    ref = _greedy(ar, prompt, 12)
+    stop = ref[6]
+    res = SelfSpeculative(pair).generate(prompt, max_tokens=12, stop_ids={stop})
+    assert res.ids == ref[:ref.index(stop) + 1]
+
+
+def test_visibility():
+    # 2 cached slots, 2 clean rows, 2 mask rows, 7 slots (one stale past the forward)
+    vis = visibility(2, 2, 2, 7).int().tolist()
+    assert vis == [[1, 1, 1, 0, 0, 0, 0],  # clean at 2: itself and before
+                   [1, 1, 1, 1, 0, 0, 0],  # clean at 3
+                   [1, 1, 1, 1, 1, 1, 0],  # masks: every clean slot and both masks
+                   [1, 1, 1, 1, 1, 1, 0]]
+
+
+def test_pair_models_checks_the_pair():
+    ar, _ = _pair(0.0)
+    moe = build_model(get_preset("tiny", shift_logits=True), seed=1)
+    with pytest.raises(ValueError, match="MoE"):
+        pair_models(moe, ar)
+    other = build_model(get_preset("tiny", shift_logits=True, **DENSE), seed=5)
+    with pytest.raises(ValueError, match="embeddings differ"):
+        pair_models(other, ar)
+    with pytest.raises(ValueError, match="must be causal"):
+        pair_models(other, other)
+    if ar.lm_head is not None:
+        head = build_model(get_preset("tiny", shift_logits=True, **DENSE), seed=1)
+        head.load_state_dict({**ar.state_dict(), "lm_head.weight": -ar.lm_head.weight})
+        with pytest.raises(ValueError, match="output heads differ"):
+            pair_models(head, ar)
