@@ -16,15 +16,19 @@ ties), and every forward commits at least one token: the quality is the twin's, 
 decide the speed (TPF: tokens per forward, the prefill's first token included, as the engine
 counts it for AR).
 
-This is a measurement (batch 1, plain Python loop, both weight sets applied per row), not the
-engine: it answers how many tokens per forward the diffusion adapter's drafts are worth when the
-AR path checks them.
+This is a measurement (batch 1, a plain Python loop over `clover.engine.speculative`; the
+drafter's weights as a low-rank difference on the mask rows), not the engine: it answers how many
+tokens per forward the diffusion adapter's drafts are worth when the AR path checks them, and
+what that buys against the same loop without drafts.
 
     python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
         [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
-        [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2]
+        [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
+        [--full-weights]
 
-Prints a table, then one JSON line.
+Runs the self-speculative decode, then (unless --no-baseline) the AR baseline through the same
+loop without drafts (one token per forward, the same outputs expected), and prints both with
+their ratio, then one JSON line. Batch 1, one message after another: the agent's regime.
 """
 
 from __future__ import annotations
@@ -44,6 +48,34 @@ from clover.tasks.airspace.tools import TOOLS
 from clover.tokenizer import render_chat
 
 
+def run(dec: SelfSpeculative, prompts: list[list[int]], tok, max_tokens: int,
+        label: str) -> tuple[list[dict], float]:
+    """Decode every prompt; (rows with output text and result, seconds)."""
+    rows, t0 = [], time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        res = dec.generate(prompt, max_tokens, {tok.eos_token_id})
+        ids = res.ids[:-1] if res.ids and res.ids[-1] == tok.eos_token_id else res.ids
+        rows.append({"output": tok.decode(ids, skip_special_tokens=False), "res": res})
+        print(f"{label} {i + 1}/{len(prompts)} tokens {len(res.ids)} forwards {res.forwards} "
+              f"TPF {res.tpf:.2f}", flush=True)
+    return rows, time.perf_counter() - t0
+
+
+def summary(rows: list[dict], seconds: float, examples: list) -> dict:
+    s = score([{"output": r["output"]} for r in rows], examples)
+    tokens = sum(len(r["res"].ids) for r in rows)
+    forwards = sum(r["res"].forwards for r in rows)
+    acc = Counter()
+    for r in rows:
+        acc.update(r["res"].accepted_at)
+    return {"zone_f1": round(s["zone_f1"], 4), "validity": round(s["tool_call_validity"], 4),
+            "exact": round(s["exact_message_accuracy"], 4), "tokens": tokens,
+            "forwards": forwards, "tpf": round(tokens / forwards, 3),
+            "drafted": sum(r["res"].drafted for r in rows),
+            "accepted_by_place": {int(k): v for k, v in sorted(acc.items())},
+            "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ar", default="models/clover-smol-ar")
@@ -53,53 +85,53 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tau", type=float, default=0.0, help="draft only while confidence >= tau")
     p.add_argument("--max-tokens", type=int, default=768)
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the AR baseline (the same loop without drafts)")
+    p.add_argument("--full-weights", action="store_true",
+                   help="route two merged weight sets instead of the low-rank difference")
     p.add_argument("--against", help="the twin's eval outputs (JSONL) on the same messages")
-    p.add_argument("--out", help="write the outputs as JSONL (the eval's format)")
+    p.add_argument("--out", help="write the self-speculative outputs as JSONL (the eval's format)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    pair, tok = load_pair(args.ar, args.draft, dtype=getattr(torch, args.dtype))
-    dec = SelfSpeculative(pair, args.tau)
+    pair, tok = load_pair(args.ar, args.draft, dtype=getattr(torch, args.dtype),
+                          low_rank=not args.full_weights)
     max_tokens = min(args.max_tokens, ANSWER_MAX_TOKENS)
     examples = split_examples(args.split, args.n, args.seed)
-    rows, t0 = [], time.perf_counter()
-    for i, e in enumerate(examples):
-        prompt = tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
-                                        fixed_task_prompt=True))
-        res = dec.generate(prompt, max_tokens, {tok.eos_token_id})
-        ids = res.ids[:-1] if res.ids and res.ids[-1] == tok.eos_token_id else res.ids
-        rows.append({"output": tok.decode(ids, skip_special_tokens=False), "res": res})
-        print(f"{i + 1}/{len(examples)} tokens {len(res.ids)} forwards {res.forwards} "
-              f"TPF {res.tpf:.2f}", flush=True)
-    wall = time.perf_counter() - t0
-    preds = [{"output": r["output"]} for r in rows]
-    s = score(preds, examples)
-    tokens = sum(len(r["res"].ids) for r in rows)
-    forwards = sum(r["res"].forwards for r in rows)
-    acc = Counter()
-    for r in rows:
-        acc.update(r["res"].accepted_at)
+    prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
+                                      fixed_task_prompt=True)) for e in examples]
+    spec_rows, spec_s = run(SelfSpeculative(pair, args.tau), prompts, tok, max_tokens, "spec")
     result = {"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
               "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
-              "zone_f1": round(s["zone_f1"], 4), "validity": round(s["tool_call_validity"], 4),
-              "exact": round(s["exact_message_accuracy"], 4), "tokens": tokens,
-              "forwards": forwards, "tpf": round(tokens / forwards, 3),
-              "drafted": sum(r["res"].drafted for r in rows),
-              "accepted_by_distance": {int(k): v for k, v in sorted(acc.items())},
-              "wall_s": round(wall, 1)}
+              "low_rank": pair.low_rank, "threads": args.threads,
+              "spec": summary(spec_rows, spec_s, examples)}
+    table = [("self-speculative", result["spec"])]
+    if not args.no_baseline:
+        ar_rows, ar_s = run(SelfSpeculative(pair, drafts=False), prompts, tok, max_tokens, "ar")
+        result["ar_loop"] = summary(ar_rows, ar_s, examples)
+        table.append(("AR (same loop, no drafts)", result["ar_loop"]))
+        same = sum(a["output"] == b["output"] for a, b in zip(spec_rows, ar_rows, strict=True))
+        result["same_as_ar_loop"] = f"{same}/{len(prompts)}"
+        result["speedup"] = round(ar_s / spec_s, 3)
     if args.against:
         twin = [json.loads(line)["output"] for line in open(args.against, encoding="utf-8")]
-        same = sum(a["output"] == b for a, b in zip(preds, twin, strict=False))
-        result["same_as_twin"] = f"{same}/{min(len(twin), len(preds))}"
+        same = sum(a["output"] == b for a, b in zip(spec_rows, twin, strict=False))
+        result["same_as_twin_eval"] = f"{same}/{min(len(twin), len(spec_rows))}"
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            for e, pr in zip(examples, preds, strict=True):
-                f.write(json.dumps({"id": e.id, **pr}, ensure_ascii=False) + "\n")
-    print(f"\n| zone F1 | validity | exact | tokens | forwards | TPF | same as twin | s |\n"
-          f"|---|---|---|---|---|---|---|---|\n| {result['zone_f1']:.3f} | "
-          f"{result['validity']:.3f} | {result['exact']:.3f} | {tokens} | {forwards} | "
-          f"{result['tpf']:.2f} | {result.get('same_as_twin', '-')} | {wall:.0f} |")
+            for e, r in zip(examples, spec_rows, strict=True):
+                f.write(json.dumps({"id": e.id, "output": r["output"]}, ensure_ascii=False)
+                        + "\n")
+    print("\n| decode | zone F1 | validity | exact | tokens | forwards | TPF | s | tokens/s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for name, r in table:
+        print(f"| {name} | {r['zone_f1']:.3f} | {r['validity']:.3f} | {r['exact']:.3f} | "
+              f"{r['tokens']} | {r['forwards']} | {r['tpf']:.2f} | {r['seconds']:.0f} | "
+              f"{r['tokens_per_s']:.1f} |")
+    for key in ("speedup", "same_as_ar_loop", "same_as_twin_eval"):
+        if key in result:
+            print(f"{key}: {result[key]}")
     print(json.dumps(result))
 
 

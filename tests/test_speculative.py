@@ -1,12 +1,21 @@
 """Self-speculative decoding (clover/engine/speculative.py): the AR model checks the diffusion
 drafter's tokens, so the output must be the AR model's greedy output, token for token."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from clover.config import get_preset
-from clover.engine.speculative import SelfSpeculative, pair_models, visibility
+from clover.engine.speculative import (
+    LowRankRouted,
+    SelfSpeculative,
+    _low_rank,
+    pair_models,
+    visibility,
+)
 from clover.model import build_model
+from clover.model.transformer import KVCache
 
 DENSE = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
 
@@ -61,6 +70,47 @@ def test_drafts_that_are_always_right_fill_the_block():
     # draft-free token) and drafts 5-7; from then on each forward takes 3 drafts and the twin's
     # own next token: 2 + 4 * 10 >= 40 tokens in 12 forwards
     assert res.forwards == 12
+
+
+def test_without_drafts_it_is_plain_ar_decoding():
+    ar, pair = _pair(0.0)
+    prompt = [5, 6, 7, 8, 9]
+    res = SelfSpeculative(pair, drafts=False).generate(prompt, max_tokens=20, stop_ids=set())
+    assert res.ids == _greedy(ar, prompt, 20)
+    assert res.forwards == 20 and res.drafted == 0
+
+
+def test_low_rank_routing_equals_two_merged_weight_sets():
+    """Two LoRA adapters over one base: the AR one merged plus the difference on mask rows
+    (`LowRankRouted`) gives the logits of routing the two merged linears."""
+    base, _ = _pair(0.0)
+    g = torch.Generator().manual_seed(3)
+    factors = {"ar": {}, "draft": {}}
+    models = {}
+    for who, mode in (("ar", "causal"), ("draft", "block")):
+        cfg = get_preset("tiny", attention=mode, block_size=1 if mode == "causal" else 4,
+                         shift_logits=mode == "block", **DENSE)
+        model = build_model(cfg, seed=0)
+        state = base.state_dict()
+        for name, w in list(state.items()):
+            if "proj" in name:
+                key = name.removesuffix(".weight")
+                a = 0.1 * torch.randn(4, w.shape[1], generator=g)
+                b = 0.1 * torch.randn(w.shape[0], 4, generator=g)
+                factors[who][f"{key}.lora_A.weight"] = a
+                factors[who][f"{key}.lora_B.weight"] = b
+                state[name] = w + 2.0 * b @ a  # scale alpha / r = 8 / 4
+        model.load_state_dict(state)
+        models[who] = model.eval()
+    lora = SimpleNamespace(lora_alpha=8, r=4)
+    full = pair_models(models["draft"], models["ar"])
+    dec = SelfSpeculative(full)
+    cache_args = (full.model.config, 1, 32)
+    want = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
+    _low_rank(full, (lora, factors["ar"]), (lora, factors["draft"]))
+    assert all(isinstance(getattr(p, n), LowRankRouted) for p, n, _ in full.swapped)
+    got = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_stops_at_a_stop_token():

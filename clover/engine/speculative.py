@@ -57,20 +57,40 @@ class RoutedLinear(nn.Module):
         return out
 
 
+class LowRankRouted(nn.Module):
+    """Routing with one full weight read: the AR model's linear (its adapter merged) on every
+    row, and on mask rows also the low-rank difference of the two adapters, (B_d A_d - B_a A_a)
+    x scale, as one pair of thin matmuls (`down_RI`, `up_OR`: the two adapters' factors side by
+    side). Equal to `RoutedLinear` over the two merged linears, up to rounding."""
+
+    def __init__(self, clean: nn.Module, down_RI: Tensor, up_OR: Tensor, route: Route) -> None:
+        super().__init__()
+        self.clean, self.route = clean, route
+        self.register_buffer("down_RI", down_RI)
+        self.register_buffer("up_OR", up_OR)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.clean(x)
+        m = self.route.mask_BL
+        if m is not None and bool(m.any()):
+            x_NI = x[m]
+            delta = (x_NI @ self.down_RI.to(x.dtype).T) @ self.up_OR.to(x.dtype).T
+            out[m] = out[m] + delta.to(out.dtype)
+        return out
+
+
 @dataclass
 class RoutedPair:
-    """The diffusion model with its linears routed, and how to undo that (to save its adapter)."""
+    """The diffusion model with its linears routed (`swapped`: each routed linear's parent,
+    name and clean linear)."""
 
     model: CloverModel
     route: Route
     vocab: int  # the AR model's vocabulary: the mask token is never an output
     swapped: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
+    low_rank: bool = False  # LowRankRouted: one full weight set, the drafter's as a difference
 
-    def unroute(self) -> None:
-        for parent, name, _ in self.swapped:
-            setattr(parent, name, getattr(parent, name).masked)
-
-    def reroute(self) -> None:
+    def route_all(self) -> None:
         for parent, name, clean in self.swapped:
             setattr(parent, name, RoutedLinear(clean, getattr(parent, name), self.route))
 
@@ -103,18 +123,44 @@ def pair_models(draft: CloverModel, ar: CloverModel) -> RoutedPair:
             for name in ROUTED:
                 if hasattr(parent_d, name):
                     pair.swapped.append((parent_d, name, getattr(parent_a, name)))
-    pair.reroute()
+    pair.route_all()
     return pair
 
 
 def load_pair(ar_dir: str, draft_dir: str, *, device: str | torch.device = "cpu",
-              dtype: torch.dtype | None = None):
-    """(RoutedPair, the AR model's tokenizer) from two model directories."""
+              dtype: torch.dtype | None = None, low_rank: bool = True):
+    """(RoutedPair, the AR model's tokenizer) from two model directories. Two adapters over the
+    base route as `LowRankRouted` (one weight set in memory) unless `low_rank` is off; other
+    model directories as `RoutedLinear` over both models' weights."""
     from clover import checkpoint
+    from clover.checkpoint import adapter
 
     draft, _ = checkpoint.load(draft_dir, device=device, dtype=dtype)
     ar, tokenizer = checkpoint.load(ar_dir, device=device, dtype=dtype)
-    return pair_models(draft.eval(), ar.eval()), tokenizer
+    pair = pair_models(draft.eval(), ar.eval())
+    if low_rank and adapter.is_adapter_dir(ar_dir) and adapter.is_adapter_dir(draft_dir):
+        _low_rank(pair, adapter.read_adapter(ar_dir), adapter.read_adapter(draft_dir))
+    return pair, tokenizer
+
+
+def _low_rank(pair: RoutedPair, ar_adapter, draft_adapter) -> None:
+    """Replace each `RoutedLinear` by a `LowRankRouted` over its clean (AR) linear: the AR model's
+    merged weights stay, the drafter's merged ones go."""
+    (ar_cfg, ar_state), (d_cfg, d_state) = ar_adapter, draft_adapter
+    scale_a, scale_d = ar_cfg.lora_alpha / ar_cfg.r, d_cfg.lora_alpha / d_cfg.r
+    names = {id(m): n for n, m in pair.model.named_modules()}
+    for parent, name, clean in pair.swapped:
+        key = f"{names[id(parent)]}.{name}"
+        factors = [d_state.get(f"{key}.lora_A.weight"), ar_state.get(f"{key}.lora_A.weight")]
+        if any(f is None for f in factors):
+            raise ValueError(f"{key}: not a LoRA target of both adapters")
+        a_d, a_a = factors
+        b_d, b_a = d_state[f"{key}.lora_B.weight"], ar_state[f"{key}.lora_B.weight"]
+        w = clean.weight
+        down = torch.cat([a_d, a_a], 0).to(w.device, torch.float32)
+        up = torch.cat([b_d * scale_d, -b_a * scale_a], 1).to(w.device, torch.float32)
+        setattr(parent, name, LowRankRouted(clean, down, up, pair.route))
+    pair.low_rank = True
 
 
 def visibility(length: int, n_clean: int, n_mask: int, num_slots: int,
@@ -146,10 +192,11 @@ class SelfSpeculative:
     """Batch-1 self-speculative greedy decoding with a `RoutedPair` (see the module docstring).
 
     tau: drafts are put to the check left to right while their confidence is >= tau (0: the whole
-    rest of the block); a lower bar only costs rows, never quality."""
+    rest of the block); a lower bar only costs rows, never quality. `drafts=False`: no mask rows,
+    plain AR decoding through the same loop (the baseline a speed ratio is taken against)."""
 
-    def __init__(self, pair: RoutedPair, tau: float = 0.0) -> None:
-        self.pair, self.tau = pair, tau
+    def __init__(self, pair: RoutedPair, tau: float = 0.0, drafts: bool = True) -> None:
+        self.pair, self.tau, self.drafts = pair, tau, drafts
         cfg = pair.model.config
         self.block, self.mask_id = cfg.block_size, cfg.mask_id
 
@@ -185,7 +232,8 @@ class SelfSpeculative:
 
         while not done():
             start = len(seq) + len(spec)  # the first position nobody has written
-            logits = self.forward(cache, seq[c:] + spec, -start % self.block or self.block)
+            n_mask = (-start % self.block or self.block) if self.drafts else 0
+            logits = self.forward(cache, seq[c:] + spec, n_mask)
             res.forwards += 1
             best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
             ok = 0
