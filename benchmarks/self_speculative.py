@@ -24,7 +24,7 @@ what that buys against the same loop without drafts.
     python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
         [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
         [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
-        [--full-weights]
+        [--full-weights] [--max-drafts K]
 
 Runs the self-speculative decode, then (unless --no-baseline) the AR baseline through the same
 loop without drafts (one token per forward, the same outputs expected), and prints both with
@@ -84,6 +84,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tau", type=float, default=0.0, help="draft only while confidence >= tau")
+    p.add_argument("--max-drafts", type=int, default=None,
+                   help="at most this many drafts a forward (default: to the block's end)")
     p.add_argument("--max-tokens", type=int, default=768)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the AR baseline (the same loop without drafts)")
@@ -101,9 +103,11 @@ def main() -> None:
     examples = split_examples(args.split, args.n, args.seed)
     prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
                                       fixed_task_prompt=True)) for e in examples]
-    spec_rows, spec_s = run(SelfSpeculative(pair, args.tau), prompts, tok, max_tokens, "spec")
+    spec = SelfSpeculative(pair, args.tau, max_drafts=args.max_drafts)
+    spec_rows, spec_s = run(spec, prompts, tok, max_tokens, "spec")
     result = {"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
               "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
+              "max_drafts": args.max_drafts,
               "low_rank": pair.low_rank, "threads": args.threads,
               "spec": summary(spec_rows, spec_s, examples)}
     table = [("self-speculative", result["spec"])]

@@ -72,6 +72,19 @@ def test_drafts_that_are_always_right_fill_the_block():
     assert res.forwards == 12
 
 
+def test_a_draft_cap_keeps_the_output_and_drafts_fewer():
+    ar, pair = _pair(0.0)
+    for model in (ar, pair.model):  # every draft right (see the test above)
+        torch.nn.init.zeros_(model.lm_head.weight if model.lm_head is not None
+                             else model.embed.weight)
+    capped = SelfSpeculative(pair, max_drafts=1).generate([5, 6, 7], 40, set())
+    assert capped.ids == [0] * 40
+    assert set(capped.accepted_at) == {0}  # one draft a forward at most
+    assert capped.forwards > 12  # the uncapped decode's count
+    with pytest.raises(ValueError, match="max_drafts"):
+        SelfSpeculative(pair, max_drafts=0)
+
+
 def test_without_drafts_it_is_plain_ar_decoding():
     ar, pair = _pair(0.0)
     prompt = [5, 6, 7, 8, 9]

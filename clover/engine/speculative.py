@@ -193,10 +193,15 @@ class SelfSpeculative:
 
     tau: drafts are put to the check left to right while their confidence is >= tau (0: the whole
     rest of the block); a lower bar only costs rows, never quality. `drafts=False`: no mask rows,
-    plain AR decoding through the same loop (the baseline a speed ratio is taken against)."""
+    plain AR decoding through the same loop (the baseline a speed ratio is taken against).
+    `max_drafts`: at most that many drafts a forward (the mask rows stop one past the last one
+    instead of at the block's end: fewer rows, where a forward's cost grows with its rows)."""
 
-    def __init__(self, pair: RoutedPair, tau: float = 0.0, drafts: bool = True) -> None:
-        self.pair, self.tau, self.drafts = pair, tau, drafts
+    def __init__(self, pair: RoutedPair, tau: float = 0.0, drafts: bool = True,
+                 max_drafts: int | None = None) -> None:
+        if max_drafts is not None and max_drafts < 1:
+            raise ValueError(f"max_drafts must be >= 1 (got {max_drafts})")
+        self.pair, self.tau, self.drafts, self.max_drafts = pair, tau, drafts, max_drafts
         cfg = pair.model.config
         self.block, self.mask_id = cfg.block_size, cfg.mask_id
 
@@ -232,7 +237,7 @@ class SelfSpeculative:
 
         while not done():
             start = len(seq) + len(spec)  # the first position nobody has written
-            n_mask = (-start % self.block or self.block) if self.drafts else 0
+            n_mask = self._window_end(start) - start if self.drafts else 0
             logits = self.forward(cache, seq[c:] + spec, n_mask)
             res.forwards += 1
             best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
@@ -252,10 +257,16 @@ class SelfSpeculative:
         res.ids = out[:stops[0] + 1] if stops else out[:max_tokens]
         return res
 
+    def _window_end(self, start: int) -> int:
+        """One past the last mask row of a forward whose first unknown position is `start`: the
+        block's end, or sooner with `max_drafts`."""
+        end = (start // self.block + 1) * self.block
+        return end if self.max_drafts is None else min(end, start + self.max_drafts + 1)
+
     def _drafts(self, logits: Tensor, at: int, c: int) -> list[int]:
         """Drafts for positions at + 1 .. the block's end - 1 (mask rows at .. end - 2), left to
         right while confidence >= tau."""
-        end = (at // self.block + 1) * self.block
+        end = self._window_end(at)
         conf, tokens = logits[at - c:end - 1 - c].softmax(-1).max(-1)
         spec = []
         for t, p in zip(tokens.tolist(), conf.tolist(), strict=True):
