@@ -24,11 +24,12 @@ what that buys against the same loop without drafts.
     python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
         [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
         [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
-        [--full-weights] [--max-drafts K]
+        [--full-weights] [--max-drafts block,3]
 
-Runs the self-speculative decode, then (unless --no-baseline) the AR baseline through the same
-loop without drafts (one token per forward, the same outputs expected), and prints both with
-their ratio, then one JSON line. Batch 1, one message after another: the agent's regime.
+Runs the self-speculative decode (once per draft cap), then (unless --no-baseline) the AR
+baseline through the same loop without drafts (one token per forward, the same outputs expected),
+and prints each with its speed-up over the baseline, then one JSON line. Batch 1, one message
+after another: the agent's regime.
 """
 
 from __future__ import annotations
@@ -76,7 +77,20 @@ def summary(rows: list[dict], seconds: float, examples: list) -> dict:
             "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
 
 
-def main() -> None:
+def caps(text: str) -> list[int | None]:
+    """`--max-drafts`: comma-separated draft caps, `block` for none (drafts to the block's end)."""
+    out = []
+    for item in text.split(","):
+        if item.strip() == "block":
+            out.append(None)
+        elif item.strip().isdigit() and int(item) >= 1:
+            out.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"{item!r}: a draft cap is `block` or an int >= 1")
+    return out
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ar", default="models/clover-smol-ar")
     p.add_argument("--draft", default="models/clover-smol")
@@ -84,18 +98,47 @@ def main() -> None:
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tau", type=float, default=0.0, help="draft only while confidence >= tau")
-    p.add_argument("--max-drafts", type=int, default=None,
-                   help="at most this many drafts a forward (default: to the block's end)")
+    p.add_argument("--max-drafts", type=caps, default=[None], metavar="CAPS",
+                   help="draft caps to run, comma-separated (`block`: drafts to the block's "
+                        "end; K: at most K a forward, fewer mask rows); default block")
     p.add_argument("--max-tokens", type=int, default=768)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the AR baseline (the same loop without drafts)")
     p.add_argument("--full-weights", action="store_true",
                    help="route two merged weight sets instead of the low-rank difference")
     p.add_argument("--against", help="the twin's eval outputs (JSONL) on the same messages")
-    p.add_argument("--out", help="write the self-speculative outputs as JSONL (the eval's format)")
+    p.add_argument("--out", help="write the first self-speculative run's outputs as JSONL")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def compare(runs: list[tuple], twin: list[str] | None, baseline: bool) -> None:
+    """Add to each run's summary its speed-up over the AR loop (the last run) and how many of its
+    answers equal the AR loop's and the twin eval's."""
+    for _, rows, r in runs:
+        if baseline:
+            r["speedup"] = round(runs[-1][2]["seconds"] / r["seconds"], 3)
+            same = sum(a["output"] == b["output"] for a, b in zip(rows, runs[-1][1],
+                                                                  strict=True))
+            r["same_as_ar_loop"] = f"{same}/{len(rows)}"
+        if twin is not None:
+            same = sum(a["output"] == b for a, b in zip(rows, twin, strict=False))
+            r["same_as_twin_eval"] = f"{same}/{min(len(twin), len(rows))}"
+
+
+def print_table(runs: list[tuple]) -> None:
+    print("\n| decode | zone F1 | validity | exact | tokens | forwards | TPF | s | speed-up | "
+          "same as AR loop | same as twin eval |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, _, r in runs:
+        print(f"| {name} | {r['zone_f1']:.3f} | {r['validity']:.3f} | {r['exact']:.3f} | "
+              f"{r['tokens']} | {r['forwards']} | {r['tpf']:.2f} | {r['seconds']:.0f} | "
+              f"{r.get('speedup', '-')} | {r.get('same_as_ar_loop', '-')} | "
+              f"{r.get('same_as_twin_eval', '-')} |")
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     pair, tok = load_pair(args.ar, args.draft, dtype=getattr(torch, args.dtype),
                           low_rank=not args.full_weights)
@@ -103,40 +146,29 @@ def main() -> None:
     examples = split_examples(args.split, args.n, args.seed)
     prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
                                       fixed_task_prompt=True)) for e in examples]
-    spec = SelfSpeculative(pair, args.tau, max_drafts=args.max_drafts)
-    spec_rows, spec_s = run(spec, prompts, tok, max_tokens, "spec")
-    result = {"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
-              "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
-              "max_drafts": args.max_drafts,
-              "low_rank": pair.low_rank, "threads": args.threads,
-              "spec": summary(spec_rows, spec_s, examples)}
-    table = [("self-speculative", result["spec"])]
+    twin = ([json.loads(line)["output"] for line in open(args.against, encoding="utf-8")]
+            if args.against else None)
+    runs = []
+    for cap in args.max_drafts:
+        label = "drafts to the block's end" if cap is None else f"at most {cap} drafts"
+        rows, seconds = run(SelfSpeculative(pair, args.tau, max_drafts=cap), prompts, tok,
+                            max_tokens, "spec")
+        runs.append((f"self-speculative, {label}", rows, summary(rows, seconds, examples)))
+        runs[-1][2]["max_drafts"] = cap
     if not args.no_baseline:
-        ar_rows, ar_s = run(SelfSpeculative(pair, drafts=False), prompts, tok, max_tokens, "ar")
-        result["ar_loop"] = summary(ar_rows, ar_s, examples)
-        table.append(("AR (same loop, no drafts)", result["ar_loop"]))
-        same = sum(a["output"] == b["output"] for a, b in zip(spec_rows, ar_rows, strict=True))
-        result["same_as_ar_loop"] = f"{same}/{len(prompts)}"
-        result["speedup"] = round(ar_s / spec_s, 3)
-    if args.against:
-        twin = [json.loads(line)["output"] for line in open(args.against, encoding="utf-8")]
-        same = sum(a["output"] == b for a, b in zip(spec_rows, twin, strict=False))
-        result["same_as_twin_eval"] = f"{same}/{min(len(twin), len(spec_rows))}"
+        rows, seconds = run(SelfSpeculative(pair, drafts=False), prompts, tok, max_tokens, "ar")
+        runs.append(("AR (the same loop, no drafts)", rows, summary(rows, seconds, examples)))
+    compare(runs, twin, baseline=not args.no_baseline)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            for e, r in zip(examples, spec_rows, strict=True):
+            for e, r in zip(examples, runs[0][1], strict=True):
                 f.write(json.dumps({"id": e.id, "output": r["output"]}, ensure_ascii=False)
                         + "\n")
-    print("\n| decode | zone F1 | validity | exact | tokens | forwards | TPF | s | tokens/s |\n"
-          "|---|---|---|---|---|---|---|---|---|")
-    for name, r in table:
-        print(f"| {name} | {r['zone_f1']:.3f} | {r['validity']:.3f} | {r['exact']:.3f} | "
-              f"{r['tokens']} | {r['forwards']} | {r['tpf']:.2f} | {r['seconds']:.0f} | "
-              f"{r['tokens_per_s']:.1f} |")
-    for key in ("speedup", "same_as_ar_loop", "same_as_twin_eval"):
-        if key in result:
-            print(f"{key}: {result[key]}")
-    print(json.dumps(result))
+    print_table(runs)
+    print(json.dumps({"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
+                      "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
+                      "low_rank": pair.low_rank, "threads": args.threads,
+                      "runs": [dict(r, decode=name) for name, _, r in runs]}))
 
 
 if __name__ == "__main__":
