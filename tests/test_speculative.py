@@ -159,3 +159,22 @@ def test_pair_models_checks_the_pair():
         head.load_state_dict({**ar.state_dict(), "lm_head.weight": -ar.lm_head.weight})
         with pytest.raises(ValueError, match="output heads differ"):
             pair_models(head, ar)
+
+
+def test_benchmark_reads_draft_caps_and_compares_runs():
+    import argparse
+
+    from tests.test_bench import _load_script
+
+    bench = _load_script("self_speculative")
+    assert bench.caps("block,3,1") == [None, 3, 1]
+    for bad in ("0", "x", "3,-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.caps(bad)
+    rows = [{"output": "a"}, {"output": "b"}]
+    runs = [("spec", rows, {"seconds": 5.0}),
+            ("ar", [{"output": "a"}, {"output": "c"}], {"seconds": 10.0})]
+    bench.compare(runs, ["a", "b"], baseline=True)
+    assert runs[0][2] == {"seconds": 5.0, "speedup": 2.0, "same_as_ar_loop": "1/2",
+                          "same_as_twin_eval": "2/2"}
+    assert runs[1][2]["speedup"] == 1.0 and runs[1][2]["same_as_twin_eval"] == "1/2"
