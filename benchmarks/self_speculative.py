@@ -41,6 +41,7 @@ from collections import Counter
 
 import torch
 
+from clover.bench.quant import activation_dtype, quantize_int8
 from clover.engine.speculative import SelfSpeculative, load_pair
 from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS, split_examples
@@ -108,7 +109,9 @@ def parse_args() -> argparse.Namespace:
                    help="route two merged weight sets instead of the low-rank difference")
     p.add_argument("--against", help="the twin's eval outputs (JSONL) on the same messages")
     p.add_argument("--out", help="write the first self-speculative run's outputs as JSONL")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
+                   help="int8: weight-only int8 on every linear (torchao; fp32 activations on "
+                        "a CPU without native bf16), the drafter's low-rank difference in fp32")
     p.add_argument("--threads", type=int, default=2)
     return p.parse_args()
 
@@ -140,8 +143,11 @@ def print_table(runs: list[tuple]) -> None:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    pair, tok = load_pair(args.ar, args.draft, dtype=getattr(torch, args.dtype),
-                          low_rank=not args.full_weights)
+    dtype = activation_dtype("int8", torch.device("cpu")) if args.dtype == "int8" else getattr(
+        torch, args.dtype)
+    pair, tok = load_pair(args.ar, args.draft, dtype=dtype, low_rank=not args.full_weights)
+    if args.dtype == "int8":
+        quantize_int8(pair.model)
     max_tokens = min(args.max_tokens, ANSWER_MAX_TOKENS)
     examples = split_examples(args.split, args.n, args.seed)
     prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
