@@ -111,7 +111,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", help="write the first self-speculative run's outputs as JSONL")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
                    help="int8: weight-only int8 on every linear (torchao; fp32 activations on "
-                        "a CPU without native bf16), the drafter's low-rank difference in fp32")
+                        "a CPU without native bf16), the drafter's low-rank difference in the "
+                        "activations' dtype")
     p.add_argument("--threads", type=int, default=2)
     return p.parse_args()
 

@@ -73,9 +73,7 @@ class LowRankRouted(nn.Module):
         out = self.clean(x)
         m = self.route.mask_BL
         if m is not None and bool(m.any()):
-            x_NI = x[m]
-            delta = (x_NI @ self.down_RI.to(x.dtype).T) @ self.up_OR.to(x.dtype).T
-            out[m] = out[m] + delta.to(out.dtype)
+            out[m] = out[m] + (x[m] @ self.down_RI.T) @ self.up_OR.T
         return out
 
 
@@ -89,10 +87,6 @@ class RoutedPair:
     vocab: int  # the AR model's vocabulary: the mask token is never an output
     swapped: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     low_rank: bool = False  # LowRankRouted: one full weight set, the drafter's as a difference
-
-    def route_all(self) -> None:
-        for parent, name, clean in self.swapped:
-            setattr(parent, name, RoutedLinear(clean, getattr(parent, name), self.route))
 
 
 def pair_models(draft: CloverModel, ar: CloverModel) -> RoutedPair:
@@ -122,8 +116,10 @@ def pair_models(draft: CloverModel, ar: CloverModel) -> RoutedPair:
         for parent_d, parent_a in ((layer_d.attn, layer_a.attn), (layer_d.ffn, layer_a.ffn)):
             for name in ROUTED:
                 if hasattr(parent_d, name):
-                    pair.swapped.append((parent_d, name, getattr(parent_a, name)))
-    pair.route_all()
+                    clean = getattr(parent_a, name)
+                    pair.swapped.append((parent_d, name, clean))
+                    setattr(parent_d, name,
+                            RoutedLinear(clean, getattr(parent_d, name), pair.route))
     return pair
 
 
@@ -156,9 +152,9 @@ def _low_rank(pair: RoutedPair, ar_adapter, draft_adapter) -> None:
             raise ValueError(f"{key}: not a LoRA target of both adapters")
         a_d, a_a = factors
         b_d, b_a = d_state[f"{key}.lora_B.weight"], ar_state[f"{key}.lora_B.weight"]
-        w = clean.weight
-        down = torch.cat([a_d, a_a], 0).to(w.device, torch.float32)
-        up = torch.cat([b_d * scale_d, -b_a * scale_a], 1).to(w.device, torch.float32)
+        w = clean.weight  # the factors in the model's dtype, once, not in every forward
+        down = torch.cat([a_d, a_a], 0).to(w.device, w.dtype)
+        up = torch.cat([b_d * scale_d, -b_a * scale_a], 1).to(w.device, w.dtype)
         setattr(parent, name, LowRankRouted(clean, down, up, pair.route))
     pair.low_rank = True
 
@@ -231,11 +227,8 @@ class SelfSpeculative:
         cache.truncate(torch.tensor([len(prompt)], device=device))
         c, spec = len(prompt), []  # cached positions; drafts awaiting the check
         res = SpecResult([], 1, 0, Counter())
-
-        def done() -> bool:
-            return bool(stop_ids & set(seq[len(prompt):])) or len(seq) - len(prompt) >= max_tokens
-
-        while not done():
+        stopped = seq[-1] in stop_ids
+        while not stopped and len(seq) - len(prompt) < max_tokens:
             start = len(seq) + len(spec)  # the first position nobody has written
             n_mask = self._window_end(start) - start if self.drafts else 0
             logits = self.forward(cache, seq[c:] + spec, n_mask)
@@ -247,7 +240,9 @@ class SelfSpeculative:
                 ok += 1
             res.drafted += len(spec)
             at = len(seq) + ok  # the position the AR model's own token fills
-            seq += spec[:ok] + [best[at - 1 - c]]
+            new = spec[:ok] + [best[at - 1 - c]]
+            seq += new
+            stopped = not stop_ids.isdisjoint(new)
             cache.truncate(torch.tensor([at], device=device))
             # every draft held: this forward's drafts were made on the right tokens
             spec = self._drafts(logits, at, c) if ok == len(spec) else []

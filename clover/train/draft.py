@@ -90,10 +90,8 @@ def draft_block(model: nn.Module, config: ModelConfig, batch: Batch, noise: Nois
         (clean_pos_BS[:, None, :] < first_BM[:, :, None]) & cache.valid_BS[:, None, :P + L],
         (blk_BM[:, :, None] == blk_BM[:, None, :]) & valid_BM[:, None, :]], 2)
     # a mask row drafts the next position when that one is masked in the same block
-    nxt_N = i_N + 1
-    has_N = nxt_N < L
-    has_N[has_N.clone()] = masked_BL[b_N[has_N], nxt_N[has_N]] & (
-        rest.pos_BL[b_N[has_N], nxt_N[has_N]] % bs != 0)
+    nxt_N = (i_N + 1).clamp(max=L - 1)
+    has_N = (i_N + 1 < L) & masked_BL[b_N, nxt_N] & (rest.pos_BL[b_N, nxt_N] % bs != 0)
     sel_BM = torch.zeros(B, M, dtype=torch.bool, device=device)
     sel_BM[b_N[has_N], col_N[has_N]] = True
     out = model(ids_BM, pos_BM, cache=cache, slot_B=torch.full((B,), P + L, device=device),
