@@ -17,14 +17,15 @@ decide the speed (TPF: tokens per forward, the prefill's first token included, a
 counts it for AR).
 
 This is a measurement (batch 1, a plain Python loop over `clover.engine.speculative`; the
-drafter's weights as a low-rank difference on the mask rows), not the engine: it answers how many
+drafter's weights as a low-rank difference on the mask rows; the engine's fused and prepacked
+linears, `fuse_pair`, unless --reference or int8), not the engine: it answers how many
 tokens per forward the diffusion adapter's drafts are worth when the AR path checks them, and
 what that buys against the same loop without drafts.
 
     python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
         [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
         [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
-        [--full-weights] [--max-drafts block,3]
+        [--full-weights] [--reference] [--max-drafts block,3]
 
 Runs the self-speculative decode (once per draft cap), then (unless --no-baseline) the AR
 baseline through the same loop without drafts (one token per forward, the same outputs expected),
@@ -42,7 +43,7 @@ from collections import Counter
 import torch
 
 from clover.bench.quant import activation_dtype, quantize_int8
-from clover.engine.speculative import SelfSpeculative, load_pair
+from clover.engine.speculative import RoutedFast, SelfSpeculative, fuse_pair, load_pair
 from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS, split_examples
 from clover.tasks.airspace.scorer import score
@@ -107,6 +108,8 @@ def parse_args() -> argparse.Namespace:
                    help="skip the AR baseline (the same loop without drafts)")
     p.add_argument("--full-weights", action="store_true",
                    help="route two merged weight sets instead of the low-rank difference")
+    p.add_argument("--reference", action="store_true",
+                   help="the unfused routed linears (no fused or prepacked matmuls)")
     p.add_argument("--against", help="the twin's eval outputs (JSONL) on the same messages")
     p.add_argument("--out", help="write the first self-speculative run's outputs as JSONL")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
@@ -149,6 +152,8 @@ def main() -> None:
     pair, tok = load_pair(args.ar, args.draft, dtype=dtype, low_rank=not args.full_weights)
     if args.dtype == "int8":
         quantize_int8(pair.model)
+    elif pair.low_rank and not args.reference:
+        fuse_pair(pair)
     max_tokens = min(args.max_tokens, ANSWER_MAX_TOKENS)
     examples = split_examples(args.split, args.n, args.seed)
     prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
@@ -175,6 +180,8 @@ def main() -> None:
     print(json.dumps({"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
                       "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
                       "low_rank": pair.low_rank, "threads": args.threads,
+                      "fused": any(isinstance(getattr(layer.attn, "qkv_fast", None), RoutedFast)
+                                   for layer in pair.model.layers),
                       "runs": [dict(r, decode=name) for name, _, r in runs]}))
 
 

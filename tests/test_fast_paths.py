@@ -1,6 +1,8 @@
 """Every inference fast path against its reference: fused q/k/v and gate/up projections, the
 all-valid cache write, the bf16 norm (against transformers' own), and decoding at temperature 0."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -48,10 +50,37 @@ def test_fused_engine_decodes_the_same_tokens(overrides):
     llm = LLM(_model(overrides), device="cpu", dtype="float32")
     prompts = [_ids(1, 7, seed=1)[0].tolist(), _ids(1, 12, seed=2)[0].tolist()]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    assert llm.engine.model.layers[0].attn.qkv_fast is not None  # the runner fused it
+    fast_qkv = llm.engine.model.layers[0].attn.qkv_fast
+    assert fast_qkv is not None  # the runner fused it, and prepacked it where oneDNN can
+    assert (fast_qkv.packed is not None) == fused.fp32_packing_supported()
     fast = [o.token_ids for o in llm.generate(prompts, params)]
     llm.engine.model.fuse_projections(enabled=False)
     assert [o.token_ids for o in llm.generate(prompts, params)] == fast
+
+
+def test_fp32_prepacked_weights_serve_small_inputs_and_plain_ones_the_rest(monkeypatch):
+    """An fp32 CPU weight's oneDNN-prepacked copy serves inputs of up to FP32_PACKED_MAX_TOKENS
+    tokens (within rounding of F.linear: another summation order); larger inputs run the plain
+    fused weight through F.linear."""
+    if not fused.fp32_packing_supported():
+        pytest.skip("no oneDNN fp32 linear in this torch build")
+    monkeypatch.setattr(fused, "FP32_PACKED_MAX_TOKENS", 6)
+    plain_calls = []
+
+    def plain(x, w, b=None):
+        plain_calls.append(x.shape[:-1])
+        return torch.nn.functional.linear(x, w, b)
+
+    monkeypatch.setattr(fused, "F", SimpleNamespace(linear=plain))
+    attn = _model({}).layers[0].attn
+    fast = fused.FastLinear.build(attn, ("q_proj", "k_proj", "v_proj"), pack=True)
+    assert fast.packed is not None
+    weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+    with torch.no_grad():
+        for shape in ((1, 1), (2, 3), (1, 7), (2, 4)):
+            x = torch.randn(*shape, weight.shape[1])
+            torch.testing.assert_close(fast(x), x @ weight.T, atol=1e-5, rtol=1e-5)
+    assert plain_calls == [(1, 7), (2, 4)]
 
 
 def test_fusing_keeps_the_state_dict_and_follows_in_place_updates(tmp_path):

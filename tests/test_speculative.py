@@ -9,8 +9,10 @@ import torch
 from clover.config import get_preset
 from clover.engine.speculative import (
     LowRankRouted,
+    RoutedFast,
     SelfSpeculative,
     _low_rank,
+    fuse_pair,
     pair_models,
     visibility,
 )
@@ -93,9 +95,9 @@ def test_without_drafts_it_is_plain_ar_decoding():
     assert res.forwards == 20 and res.drafted == 0
 
 
-def test_low_rank_routing_equals_two_merged_weight_sets():
-    """Two LoRA adapters over one base: the AR one merged plus the difference on mask rows
-    (`LowRankRouted`) gives the logits of routing the two merged linears."""
+def _two_adapters():
+    """A causal and a block model over one base, each = base + its own LoRA adapter merged;
+    (models, each one's LoRA factors, the adapters' config)."""
     base, _ = _pair(0.0)
     g = torch.Generator().manual_seed(3)
     factors = {"ar": {}, "draft": {}}
@@ -115,7 +117,13 @@ def test_low_rank_routing_equals_two_merged_weight_sets():
                 state[name] = w + 2.0 * b @ a  # scale alpha / r = 8 / 4
         model.load_state_dict(state)
         models[who] = model.eval()
-    lora = SimpleNamespace(lora_alpha=8, r=4)
+    return models, factors, SimpleNamespace(lora_alpha=8, r=4)
+
+
+def test_low_rank_routing_equals_two_merged_weight_sets():
+    """Two LoRA adapters over one base: the AR one merged plus the difference on mask rows
+    (`LowRankRouted`) gives the logits of routing the two merged linears."""
+    models, factors, lora = _two_adapters()
     full = pair_models(models["draft"], models["ar"])
     dec = SelfSpeculative(full)
     cache_args = (full.model.config, 1, 32)
@@ -124,6 +132,40 @@ def test_low_rank_routing_equals_two_merged_weight_sets():
     assert all(isinstance(getattr(p, n), LowRankRouted) for p, n, _ in full.swapped)
     got = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_pair_equals_its_reference_layers():
+    """`fuse_pair`: the clean weights fused (and prepacked where the CPU allows) with the
+    drafter's differences beside them give the unfused low-rank pair's logits, on clean and
+    mask rows, and decode its tokens; the fast paths did run."""
+    models, factors, lora = _two_adapters()
+    pair = pair_models(models["draft"], models["ar"])
+    _low_rank(pair, (lora, factors["ar"]), (lora, factors["draft"]))
+    dec = SelfSpeculative(pair)
+    cache_args = (pair.model.config, 1, 64)
+    prompt = list(range(5, 17))
+    want = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
+    want_ids = dec.generate(prompt, 24, set()).ids
+    fuse_pair(pair)
+    calls = []
+    for layer in pair.model.layers:
+        for fast in (layer.attn.qkv_fast, layer.attn.o_fast, layer.ffn.gate_up_fast,
+                     layer.ffn.down_fast):
+            assert isinstance(fast, RoutedFast)
+            fast.both = _counting(fast.both, calls)
+    got = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
+    assert calls and all(out is not None for out in calls)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert dec.generate(prompt, 24, set()).ids == want_ids
+    with pytest.raises(ValueError, match="low-rank"):
+        fuse_pair(_pair(0.0)[1])
+
+
+def _counting(fast, calls: list):
+    def call(x):
+        calls.append(fast(x))
+        return calls[-1]
+    return call
 
 
 def test_stops_at_a_stop_token():

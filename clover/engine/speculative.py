@@ -28,9 +28,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from clover.model.fused import FastLinear
 from clover.model.transformer import CloverModel, KVCache
 
 ROUTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# each fast path's attribute and the routed linears it fuses (they read one input)
+FUSED = {"qkv_fast": ("q_proj", "k_proj", "v_proj"), "o_fast": ("o_proj",),
+         "gate_up_fast": ("gate_proj", "up_proj"), "down_fast": ("down_proj",)}
 
 
 class Route:
@@ -75,6 +79,40 @@ class LowRankRouted(nn.Module):
         if m is not None and bool(m.any()):
             out[m] = out[m] + (x[m] @ self.down_RI.T) @ self.up_OR.T
         return out
+
+
+class RoutedFast:
+    """The fast path of `LowRankRouted` linears that read one input. One fused matmul (prepacked
+    on a CPU that allows it: `FastLinear`) computes the AR model's outputs and the drafter's
+    low-rank inputs together on every row ([W_ar; down], the down factors side by side); a second
+    thin one adds the up factors (block-diagonal) on mask rows only (the others' inputs zeroed):
+    no row gathering, and tiny matmuls go through the same prepacked kernel. None, like
+    `FastLinear`, when the reference linears must run (autograd, a changed weight). It keeps
+    its own fused weights (plain and, where packed, prepacked): memory for speed, as a
+    benchmark may spend."""
+
+    def __init__(self, holder: nn.Module, names: tuple[str, ...], routed: list[LowRankRouted],
+                 route: Route, pack: bool) -> None:
+        weight_OI = torch.cat([r.clean.weight.detach() for r in routed])
+        down_RI = torch.cat([r.down_RI for r in routed])
+        up_OR = torch.block_diag(*[r.up_OR for r in routed])
+        biases = [getattr(r.clean, "bias", None) for r in routed]
+        bias = None if biases[0] is None else torch.cat(
+            [b.detach() for b in biases] + [down_RI.new_zeros(down_RI.shape[0])])
+        # the clean linears under their own names: the fast path's validity is theirs
+        self.both = FastLinear(holder, names, torch.cat([weight_OI, down_RI]), bias, pack)
+        self.up = FastLinear(holder, names, up_OR, None, pack)
+        self.out_dim, self.route = weight_OI.shape[0], route
+
+    def __call__(self, x: Tensor) -> Tensor | None:
+        y = self.both(x)
+        if y is None:
+            return None
+        out, low = y[..., :self.out_dim], y[..., self.out_dim:]
+        m = self.route.mask_BL
+        if m is None or not bool(m.any()):
+            return out.contiguous()
+        return out + self.up(low * m[..., None].to(low.dtype))
 
 
 @dataclass
@@ -159,6 +197,30 @@ def _low_rank(pair: RoutedPair, ar_adapter, draft_adapter) -> None:
     pair.low_rank = True
 
 
+def fuse_pair(pair: RoutedPair, pack: bool = True) -> RoutedPair:
+    """The engine's inference fast paths (clover/model/fused.py) on a low-rank pair: its linears'
+    clean weights fused per input (q/k/v, gate/up) and prepacked where the CPU allows, the
+    drafter's differences beside them (`RoutedFast`), the head fused. The unfused `LowRankRouted`
+    layers stay the reference (they run under autograd or after a weight changes)."""
+    if not pair.low_rank:
+        raise ValueError("fuse_pair needs a low-rank pair (load_pair with two adapters)")
+    pair.model.fuse_projections(pack=pack)  # the head; routed layers are left unfused by it
+    for layer in pair.model.layers:
+        for parent in (layer.attn, layer.ffn):
+            for attr, names in FUSED.items():
+                if not hasattr(parent, attr):
+                    continue
+                routed = [getattr(parent, n) for n in names]
+                if len({getattr(r.clean, "bias", None) is None for r in routed}) > 1:
+                    setattr(parent, attr, None)  # biased and unbiased: the reference runs
+                    continue
+                holder = nn.Module()  # the clean linears under their own names
+                for name, r in zip(names, routed, strict=True):
+                    setattr(holder, name, r.clean)
+                setattr(parent, attr, RoutedFast(holder, names, routed, pair.route, pack))
+    return pair
+
+
 def visibility(length: int, n_clean: int, n_mask: int, num_slots: int,
                device: torch.device | str = "cpu") -> Tensor:
     """[L, S]: clean row j (position length + j) sees slots <= its position among the clean ones;
@@ -201,6 +263,7 @@ class SelfSpeculative:
         cfg = pair.model.config
         self.block, self.mask_id = cfg.block_size, cfg.mask_id
 
+    @torch.no_grad()
     def forward(self, cache: KVCache, clean: list[int], n_mask: int) -> Tensor:
         """`clean` tokens after the cached ones, then `n_mask` masks: [L, V] fp32 logits."""
         model, route = self.pair.model, self.pair.route

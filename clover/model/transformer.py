@@ -342,7 +342,7 @@ class CloverModel(nn.Module):
 
     def fuse_projections(self, enabled: bool = True, pack: bool = True) -> CloverModel:
         """Inference fast paths (clover/model/fused.py): q/k/v and gate/up as one matmul each
-        (no copy, same state dict) and, with `pack` on a bf16 CPU model, oneDNN-prepacked
+        (no copy, same state dict) and, with `pack` on a bf16 or fp32 CPU model, oneDNN-prepacked
         weights for small inputs. Layers that cannot fuse keep their separate projections;
         `enabled=False` goes back to the separate ones everywhere (the reference)."""
         for module in self.modules():
