@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clover.model.fused import FastLinear
@@ -84,35 +85,39 @@ class LowRankRouted(nn.Module):
 class RoutedFast:
     """The fast path of `LowRankRouted` linears that read one input. One fused matmul (prepacked
     on a CPU that allows it: `FastLinear`) computes the AR model's outputs and the drafter's
-    low-rank inputs together on every row ([W_ar; down], the down factors side by side); a second
-    thin one adds the up factors (block-diagonal) on mask rows only (the others' inputs zeroed):
-    no row gathering, and tiny matmuls go through the same prepacked kernel. None, like
-    `FastLinear`, when the reference linears must run (autograd, a changed weight). It keeps
-    its own fused weights (plain and, where packed, prepacked): memory for speed, as a
-    benchmark may spend."""
+    low-rank inputs together on every row ([W_ar; down], the down factors side by side); then
+    each linear's up factor adds its part on mask rows only (the other rows' inputs zeroed: no
+    row gathering). None, like `FastLinear`, when the reference linears must run (autograd, a
+    changed weight). It keeps its own fused weights (plain and, where packed, prepacked): memory
+    for speed, as a benchmark may spend."""
 
     def __init__(self, holder: nn.Module, names: tuple[str, ...], routed: list[LowRankRouted],
                  route: Route, pack: bool) -> None:
         weight_OI = torch.cat([r.clean.weight.detach() for r in routed])
         down_RI = torch.cat([r.down_RI for r in routed])
-        up_OR = torch.block_diag(*[r.up_OR for r in routed])
         biases = [getattr(r.clean, "bias", None) for r in routed]
         bias = None if biases[0] is None else torch.cat(
             [b.detach() for b in biases] + [down_RI.new_zeros(down_RI.shape[0])])
         # the clean linears under their own names: the fast path's validity is theirs
         self.both = FastLinear(holder, names, torch.cat([weight_OI, down_RI]), bias, pack)
-        self.up = FastLinear(holder, names, up_OR, None, pack)
+        self.ups = [r.up_OR for r in routed]  # each [O_i, R_i], applied to its R_i inputs
         self.out_dim, self.route = weight_OI.shape[0], route
 
     def __call__(self, x: Tensor) -> Tensor | None:
         y = self.both(x)
         if y is None:
             return None
-        out, low = y[..., :self.out_dim], y[..., self.out_dim:]
+        out = y[..., :self.out_dim].contiguous()
         m = self.route.mask_BL
         if m is None or not bool(m.any()):
-            return out.contiguous()
-        return out + self.up(low * m[..., None].to(low.dtype))
+            return out
+        low = y[..., self.out_dim:] * m[..., None].to(y.dtype)
+        at_out = at_low = 0
+        for up_OR in self.ups:
+            n_out, n_low = up_OR.shape
+            out[..., at_out:at_out + n_out] += F.linear(low[..., at_low:at_low + n_low], up_OR)
+            at_out, at_low = at_out + n_out, at_low + n_low
+        return out
 
 
 @dataclass
