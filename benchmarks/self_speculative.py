@@ -25,18 +25,21 @@ what that buys against the same loop without drafts.
     python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
         [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
         [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
-        [--full-weights] [--reference] [--max-drafts block,3]
+        [--full-weights] [--reference] [--max-drafts block,3] [--forward-rows 1+0,1+7]
 
 Runs the self-speculative decode (once per draft cap), then (unless --no-baseline) the AR
 baseline through the same loop without drafts (one token per forward, the same outputs expected),
 and prints each with its speed-up over the baseline, then one JSON line. Batch 1, one message
-after another: the agent's regime.
+after another: the agent's regime. `--forward-rows` instead times single forwards of given row
+counts (clean rows to check + mask rows) after the first message's prompt: a forward's cost by
+rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections import Counter
 
@@ -44,6 +47,7 @@ import torch
 
 from clover.bench.quant import activation_dtype, quantize_int8
 from clover.engine.speculative import RoutedFast, SelfSpeculative, fuse_pair, load_pair
+from clover.model.transformer import KVCache
 from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS, split_examples
 from clover.tasks.airspace.scorer import score
@@ -92,6 +96,36 @@ def caps(text: str) -> list[int | None]:
     return out
 
 
+def row_shapes(text: str) -> list[tuple[int, int]]:
+    """`--forward-rows`: comma-separated CLEAN+MASK row counts, e.g. `1+0,1+7`."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split("+")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: rows are CLEAN+MASK, CLEAN >= 1")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+def forward_costs(dec: SelfSpeculative, prompt: list[int], shapes: list[tuple[int, int]],
+                  repeats: int = 7) -> dict[str, float]:
+    """Median ms of one forward of each (clean, mask) row shape after `prompt` is cached; the
+    shapes take turns within each repeat (machine noise hits all), one warm-up round first."""
+    model = dec.pair.model
+    device = next(model.parameters()).device
+    cache = KVCache(model.config, 1, len(prompt) + 64, device, model.embed.weight.dtype)
+    dec.forward(cache, prompt, 0)
+    times: dict[str, list[float]] = {f"{c}+{m}": [] for c, m in shapes}
+    for rep in range(repeats + 1):
+        for c, m in shapes:
+            cache.truncate(torch.tensor([len(prompt)], device=device))
+            t0 = time.perf_counter()
+            dec.forward(cache, [prompt[-1]] * c, m)
+            if rep:
+                times[f"{c}+{m}"].append(time.perf_counter() - t0)
+    return {k: round(statistics.median(v) * 1e3, 1) for k, v in times.items()}
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ar", default="models/clover-smol-ar")
@@ -117,6 +151,9 @@ def parse_args() -> argparse.Namespace:
                         "a CPU without native bf16), the drafter's low-rank difference in the "
                         "activations' dtype")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--forward-rows", type=row_shapes, metavar="ROWS",
+                   help="only time single forwards of these CLEAN+MASK row counts (e.g. "
+                        "1+0,1+7,3+5) after the first message's prompt, and exit")
     return p.parse_args()
 
 
@@ -158,6 +195,14 @@ def main() -> None:
     examples = split_examples(args.split, args.n, args.seed)
     prompts = [tok.encode(render_chat(tok, initial_conversation(e), tools=TOOLS,
                                       fixed_task_prompt=True)) for e in examples]
+    if args.forward_rows:
+        costs = forward_costs(SelfSpeculative(pair), prompts[0], args.forward_rows)
+        for rows, ms in costs.items():
+            print(f"rows {rows} (clean+mask) after {len(prompts[0])} tokens: {ms} ms")
+        print(json.dumps({"benchmark": "self_speculative_forward", "draft": args.draft,
+                          "dtype": args.dtype, "fused": _fused(pair), "threads": args.threads,
+                          "context": len(prompts[0]), "median_ms": costs}))
+        return
     twin = ([json.loads(line)["output"] for line in open(args.against, encoding="utf-8")]
             if args.against else None)
     runs = []
@@ -180,9 +225,13 @@ def main() -> None:
     print(json.dumps({"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
                       "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
                       "low_rank": pair.low_rank, "threads": args.threads,
-                      "fused": any(isinstance(getattr(layer.attn, "qkv_fast", None), RoutedFast)
-                                   for layer in pair.model.layers),
+                      "fused": _fused(pair),
                       "runs": [dict(r, decode=name) for name, _, r in runs]}))
+
+
+def _fused(pair) -> bool:
+    return any(isinstance(getattr(layer.attn, "qkv_fast", None), RoutedFast)
+               for layer in pair.model.layers)
 
 
 if __name__ == "__main__":

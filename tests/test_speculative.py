@@ -220,3 +220,10 @@ def test_benchmark_reads_draft_caps_and_compares_runs():
     assert runs[0][2] == {"seconds": 5.0, "speedup": 2.0, "same_as_ar_loop": "1/2",
                           "same_as_twin_eval": "2/2"}
     assert runs[1][2]["speedup"] == 1.0 and runs[1][2]["same_as_twin_eval"] == "1/2"
+    assert bench.row_shapes("1+0, 3+5") == [(1, 0), (3, 5)]
+    for bad in ("0+3", "1", "1+x", "1+2+3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.row_shapes(bad)
+    costs = bench.forward_costs(SelfSpeculative(_pair(0.05)[1]), list(range(5, 20)),
+                                [(1, 0), (2, 3)], repeats=2)
+    assert list(costs) == ["1+0", "2+3"] and all(ms > 0 for ms in costs.values())
