@@ -161,6 +161,23 @@ def test_fused_pair_equals_its_reference_layers():
         fuse_pair(_pair(0.0)[1])
 
 
+def test_fused_pair_packs_only_where_the_cpu_can(monkeypatch):
+    """Where oneDNN cannot prepack the dtype (bf16 on an AVX2-only CPU), `fuse_pair` keeps plain
+    fused weights, and the logits still equal the unfused pair's."""
+    from clover.engine import speculative
+
+    monkeypatch.setattr(speculative, "packing_supported", lambda dtype: False)
+    models, factors, lora = _two_adapters()
+    pair = pair_models(models["draft"], models["ar"])
+    _low_rank(pair, (lora, factors["ar"]), (lora, factors["draft"]))
+    dec = SelfSpeculative(pair)
+    want = dec.forward(KVCache(pair.model.config, 1, 32), [5, 6, 7], 4)
+    fuse_pair(pair)
+    assert pair.model.layers[0].attn.qkv_fast.both.packed is None
+    got = dec.forward(KVCache(pair.model.config, 1, 32), [5, 6, 7], 4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _counting(fast, calls: list):
     def call(x):
         calls.append(fast(x))

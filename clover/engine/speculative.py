@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from clover.model.fused import FastLinear
+from clover.model.fused import FastLinear, packing_supported
 from clover.model.transformer import CloverModel, KVCache
 
 ROUTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -98,6 +98,7 @@ class RoutedFast:
         biases = [getattr(r.clean, "bias", None) for r in routed]
         bias = None if biases[0] is None else torch.cat(
             [b.detach() for b in biases] + [down_RI.new_zeros(down_RI.shape[0])])
+        pack = pack and weight_OI.device.type == "cpu" and packing_supported(weight_OI.dtype)
         # the clean linears under their own names: the fast path's validity is theirs
         self.both = FastLinear(holder, names, torch.cat([weight_OI, down_RI]), bias, pack)
         self.ups = [r.up_OR for r in routed]  # each [O_i, R_i], applied to its R_i inputs
