@@ -46,7 +46,7 @@ from collections import Counter
 import torch
 
 from clover.bench.quant import activation_dtype, quantize_int8
-from clover.engine.speculative import RoutedFast, SelfSpeculative, fuse_pair, load_pair
+from clover.engine.speculative import SelfSpeculative, fuse_pair, load_pair
 from clover.model.transformer import KVCache
 from clover.tasks.airspace.agent import initial_conversation
 from clover.tasks.airspace.data import ANSWER_MAX_TOKENS, split_examples
@@ -200,7 +200,7 @@ def main() -> None:
         for rows, ms in costs.items():
             print(f"rows {rows} (clean+mask) after {len(prompts[0])} tokens: {ms} ms")
         print(json.dumps({"benchmark": "self_speculative_forward", "draft": args.draft,
-                          "dtype": args.dtype, "fused": _fused(pair), "threads": args.threads,
+                          "dtype": args.dtype, "fused": pair.fused, "threads": args.threads,
                           "context": len(prompts[0]), "median_ms": costs}))
         return
     twin = ([json.loads(line)["output"] for line in open(args.against, encoding="utf-8")]
@@ -225,13 +225,8 @@ def main() -> None:
     print(json.dumps({"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
                       "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
                       "low_rank": pair.low_rank, "threads": args.threads,
-                      "fused": _fused(pair),
+                      "fused": pair.fused,
                       "runs": [dict(r, decode=name) for name, _, r in runs]}))
-
-
-def _fused(pair) -> bool:
-    return any(isinstance(getattr(layer.attn, "qkv_fast", None), RoutedFast)
-               for layer in pair.model.layers)
 
 
 if __name__ == "__main__":

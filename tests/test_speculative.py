@@ -146,7 +146,9 @@ def test_fused_pair_equals_its_reference_layers():
     prompt = list(range(5, 17))
     want = dec.forward(KVCache(*cache_args), [5, 6, 7, 8, 9], 3)
     want_ids = dec.generate(prompt, 24, set()).ids
+    assert not pair.fused
     fuse_pair(pair)
+    assert pair.fused
     calls = []
     for layer in pair.model.layers:
         for fast in (layer.attn.qkv_fast, layer.attn.o_fast, layer.ffn.gate_up_fast,

@@ -131,6 +131,7 @@ class RoutedPair:
     vocab: int  # the AR model's vocabulary: the mask token is never an output
     swapped: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list)
     low_rank: bool = False  # LowRankRouted: one full weight set, the drafter's as a difference
+    fused: bool = False  # RoutedFast: the engine's fused (prepacked) linears (`fuse_pair`)
 
 
 def pair_models(draft: CloverModel, ar: CloverModel) -> RoutedPair:
@@ -224,6 +225,7 @@ def fuse_pair(pair: RoutedPair, pack: bool = True) -> RoutedPair:
                 for name, r in zip(names, routed, strict=True):
                     setattr(holder, name, r.clean)
                 setattr(parent, attr, RoutedFast(holder, names, routed, pair.route, pack))
+    pair.fused = True
     return pair
 
 
