@@ -16,23 +16,25 @@ ties), and every forward commits at least one token: the quality is the twin's, 
 decide the speed (TPF: tokens per forward, the prefill's first token included, as the engine
 counts it for AR).
 
-This is a measurement (batch 1, a plain Python loop over `clover.engine.speculative`; the
+This is a measurement (a plain Python loop over `clover.engine.speculative`; the
 drafter's weights as a low-rank difference on the mask rows; the engine's fused and prepacked
 linears, `fuse_pair`, unless --reference or int8), not the engine: it answers how many
 tokens per forward the diffusion adapter's drafts are worth when the AR path checks them, and
 what that buys against the same loop without drafts.
 
-    python benchmarks/self_speculative.py --ar models/clover-smol-ar --draft models/clover-smol \
-        [--split validation] [--n 40] [--tau 0.0] [--against runs/eval/TWIN.jsonl] \
-        [--out runs/eval/spec.jsonl] [--dtype float32] [--threads 2] [--no-baseline] \
-        [--full-weights] [--reference] [--max-drafts block,3] [--forward-rows 1+0,1+7]
+    python benchmarks/self_speculative.py [--ar models/clover-smol-ar] \
+        [--draft models/clover-smol-draft] [--split validation] [--n 40] [--tau 0.0] \
+        [--against runs/eval/TWIN.jsonl] [--out runs/eval/spec.jsonl] [--dtype float32] \
+        [--threads 2] [--no-baseline] [--full-weights] [--reference] [--max-drafts block,3] \
+        [--batch 1] [--forward-rows 1+0,1+7]
 
 Runs the self-speculative decode (once per draft cap), then (unless --no-baseline) the AR
 baseline through the same loop without drafts (one token per forward, the same outputs expected),
-and prints each with its speed-up over the baseline, then one JSON line. Batch 1, one message
-after another: the agent's regime. `--forward-rows` instead times single forwards of given row
-counts (clean rows to check + mask rows) after the first message's prompt: a forward's cost by
-rows.
+and prints each with its speed-up over the baseline, then one JSON line. Batch 1 by default, one
+message after another: the agent's regime; `--batch N` decodes N messages together (a forward a
+step over every unfinished one: `SelfSpeculative.generate_batch`). `--forward-rows` instead
+times single forwards of given row counts (clean rows to check + mask rows) after the first
+message's prompt: a forward's cost by rows.
 """
 
 from __future__ import annotations
@@ -56,15 +58,19 @@ from clover.tokenizer import render_chat
 
 
 def run(dec: SelfSpeculative, prompts: list[list[int]], tok, max_tokens: int,
-        label: str) -> tuple[list[dict], float]:
-    """Decode every prompt; (rows with output text and result, seconds)."""
+        label: str, batch: int = 1) -> tuple[list[dict], float]:
+    """Decode every prompt, `batch` at a time (`generate_batch`); (rows with output text and
+    result, seconds). A row's `batch_forwards` is set on the first row of each batch: the
+    forwards the batch ran (its longest row's)."""
     rows, t0 = [], time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        res = dec.generate(prompt, max_tokens, {tok.eos_token_id})
-        ids = res.ids[:-1] if res.ids and res.ids[-1] == tok.eos_token_id else res.ids
-        rows.append({"output": tok.decode(ids, skip_special_tokens=False), "res": res})
-        print(f"{label} {i + 1}/{len(prompts)} tokens {len(res.ids)} forwards {res.forwards} "
-              f"TPF {res.tpf:.2f}", flush=True)
+    for at in range(0, len(prompts), batch):
+        results = dec.generate_batch(prompts[at:at + batch], max_tokens, {tok.eos_token_id})
+        for i, res in enumerate(results, start=at):
+            ids = res.ids[:-1] if res.ids and res.ids[-1] == tok.eos_token_id else res.ids
+            rows.append({"output": tok.decode(ids, skip_special_tokens=False), "res": res,
+                         "batch_forwards": max(r.forwards for r in results) if i == at else 0})
+            print(f"{label} {i + 1}/{len(prompts)} tokens {len(res.ids)} forwards "
+                  f"{res.forwards} TPF {res.tpf:.2f}", flush=True)
     return rows, time.perf_counter() - t0
 
 
@@ -78,9 +84,16 @@ def summary(rows: list[dict], seconds: float, examples: list) -> dict:
     return {"zone_f1": round(s["zone_f1"], 4), "validity": round(s["tool_call_validity"], 4),
             "exact": round(s["exact_message_accuracy"], 4), "tokens": tokens,
             "forwards": forwards, "tpf": round(tokens / forwards, 3),
+            "batch_forwards": sum(r["batch_forwards"] for r in rows),
             "drafted": sum(r["res"].drafted for r in rows),
             "accepted_by_place": {int(k): v for k, v in sorted(acc.items())},
             "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
+    return int(text)
 
 
 def caps(text: str) -> list[int | None]:
@@ -129,7 +142,7 @@ def forward_costs(dec: SelfSpeculative, prompt: list[int], shapes: list[tuple[in
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ar", default="models/clover-smol-ar")
-    p.add_argument("--draft", default="models/clover-smol")
+    p.add_argument("--draft", default="models/clover-smol-draft")
     p.add_argument("--split", default="validation")
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
@@ -151,6 +164,9 @@ def parse_args() -> argparse.Namespace:
                         "a CPU without native bf16), the drafter's low-rank difference in the "
                         "activations' dtype")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=positive, default=1,
+                   help="decode this many messages together (one forward a step over every "
+                        "unfinished one; default 1, the agent's regime)")
     p.add_argument("--forward-rows", type=row_shapes, metavar="ROWS",
                    help="only time single forwards of these CLEAN+MASK row counts (e.g. "
                         "1+0,1+7,3+5) after the first message's prompt, and exit")
@@ -209,11 +225,12 @@ def main() -> None:
     for cap in args.max_drafts:
         label = "drafts to the block's end" if cap is None else f"at most {cap} drafts"
         rows, seconds = run(SelfSpeculative(pair, args.tau, max_drafts=cap), prompts, tok,
-                            max_tokens, "spec")
+                            max_tokens, "spec", args.batch)
         runs.append((f"self-speculative, {label}", rows, summary(rows, seconds, examples)))
         runs[-1][2]["max_drafts"] = cap
     if not args.no_baseline:
-        rows, seconds = run(SelfSpeculative(pair, drafts=False), prompts, tok, max_tokens, "ar")
+        rows, seconds = run(SelfSpeculative(pair, drafts=False), prompts, tok, max_tokens, "ar",
+                            args.batch)
         runs.append(("AR (the same loop, no drafts)", rows, summary(rows, seconds, examples)))
     compare(runs, twin, baseline=not args.no_baseline)
     if args.out:
@@ -224,7 +241,7 @@ def main() -> None:
     print_table(runs)
     print(json.dumps({"benchmark": "self_speculative", "ar": args.ar, "draft": args.draft,
                       "split": args.split, "n": args.n, "tau": args.tau, "dtype": args.dtype,
-                      "low_rank": pair.low_rank, "threads": args.threads,
+                      "low_rank": pair.low_rank, "threads": args.threads, "batch": args.batch,
                       "fused": pair.fused,
                       "runs": [dict(r, decode=name) for name, _, r in runs]}))
 

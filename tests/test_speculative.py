@@ -59,6 +59,32 @@ def test_output_is_the_ar_models_greedy_output(noise):
         assert accepted > 0
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_batch_decodes_each_row_as_it_would_alone(fused):
+    """generate_batch: prompts of different lengths, one stopping early, rows leaving the batch
+    at different steps; each row's tokens and counts equal its own batch-1 decode. Unfused: a
+    drafter with the AR model's linears (some drafts hold); fused: two adapters' low-rank pair
+    on the fast paths."""
+    if fused:
+        models, factors, lora = _two_adapters()
+        pair = pair_models(models["draft"], models["ar"])
+        _low_rank(pair, (lora, factors["ar"]), (lora, factors["draft"]))
+        fuse_pair(pair)
+    else:
+        pair = _pair(0.0)[1]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (6, 13, 9, 3)]
+    alone = [SelfSpeculative(pair).generate(p, 24, set()) for p in prompts]
+    stop = {alone[2].ids[5]}  # row 2 (and maybe others) stops early
+    alone = [SelfSpeculative(pair).generate(p, 24, stop) for p in prompts]
+    together = SelfSpeculative(pair).generate_batch(prompts, 24, stop)
+    assert [r.ids for r in together] == [r.ids for r in alone]
+    assert [r.forwards for r in together] == [r.forwards for r in alone]
+    assert [r.accepted_at for r in together] == [r.accepted_at for r in alone]
+    assert len({r.forwards for r in together}) > 1  # rows left the batch at different steps
+    assert fused or sum(sum(r.accepted_at.values()) for r in together) > 0
+
+
 def test_drafts_that_are_always_right_fill_the_block():
     # a zero head: every logit is 0, so every argmax (clean or mask row) is token 0
     ar, pair = _pair(0.0)
@@ -239,6 +265,10 @@ def test_benchmark_reads_draft_caps_and_compares_runs():
     assert runs[0][2] == {"seconds": 5.0, "speedup": 2.0, "same_as_ar_loop": "1/2",
                           "same_as_twin_eval": "2/2"}
     assert runs[1][2]["speedup"] == 1.0 and runs[1][2]["same_as_twin_eval"] == "1/2"
+    assert bench.positive("4") == 4
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.positive(bad)
     assert bench.row_shapes("1+0, 3+5") == [(1, 0), (3, 5)]
     for bad in ("0+3", "1", "1+x", "1+2+3"):
         with pytest.raises(argparse.ArgumentTypeError):
@@ -246,3 +276,18 @@ def test_benchmark_reads_draft_caps_and_compares_runs():
     costs = bench.forward_costs(SelfSpeculative(_pair(0.05)[1]), list(range(5, 20)),
                                 [(1, 0), (2, 3)], repeats=2)
     assert list(costs) == ["1+0", "2+3"] and all(ms > 0 for ms in costs.values())
+
+
+def test_benchmark_runs_a_batch_and_counts_its_forwards():
+    from tests.test_bench import _load_script
+
+    bench = _load_script("self_speculative")
+    tok = SimpleNamespace(eos_token_id=-1, decode=lambda ids, **_: " ".join(map(str, ids)))
+    dec = SelfSpeculative(_pair(0.0)[1])
+    prompts = [list(range(5, 5 + n)) for n in (4, 9, 6)]
+    rows, _ = bench.run(dec, prompts, tok, 12, "spec", batch=2)
+    alone, _ = bench.run(dec, prompts, tok, 12, "spec")
+    assert [r["output"] for r in rows] == [r["output"] for r in alone]
+    assert [r["batch_forwards"] for r in rows] == [
+        max(rows[0]["res"].forwards, rows[1]["res"].forwards), 0, rows[2]["res"].forwards]
+    assert [r["batch_forwards"] for r in alone] == [r["res"].forwards for r in alone]

@@ -15,10 +15,12 @@ point ties), every forward commits at least one token, and the drafts decide the
 
 `pair_models` routes a diffusion model's linears (clean rows: the AR model's weights, mask rows:
 its own); both must share everything else (embeddings, norms): two adapters over one base.
-`SelfSpeculative` is the batch-1 reference decoder.
+`SelfSpeculative` is the reference decoder: one sequence (`generate`) or several together
+(`generate_batch`: one forward a step over every unfinished sequence, each with its own clean and
+mask rows, padded), not yet in the engine's scheduler or the server.
 """
 
-# Shapes: L new tokens (clean then masks), S key slots, V vocabulary
+# Shapes: B sequences, L new tokens (clean then masks, padded), S key slots, V vocabulary
 
 from __future__ import annotations
 
@@ -254,8 +256,31 @@ class SpecResult:
         return len(self.ids) / max(self.forwards, 1)
 
 
+@dataclass
+class _Row:
+    """One sequence's decoding state in `SelfSpeculative.generate_batch`."""
+
+    prompt_len: int
+    seq: list[int]  # prompt and written tokens
+    spec: list[int]  # drafts awaiting the check
+    c: int  # cached positions
+    res: SpecResult
+    done: bool = False
+
+    @property
+    def start(self) -> int:
+        """The first position nobody has written."""
+        return len(self.seq) + len(self.spec)
+
+    def finish(self, stop_ids: set[int], max_tokens: int) -> SpecResult:
+        out = self.seq[self.prompt_len:]
+        stops = [i for i, t in enumerate(out) if t in stop_ids]
+        self.res.ids = out[:stops[0] + 1] if stops else out[:max_tokens]
+        return self.res
+
+
 class SelfSpeculative:
-    """Batch-1 self-speculative greedy decoding with a `RoutedPair` (see the module docstring).
+    """Self-speculative greedy decoding with a `RoutedPair` (see the module docstring).
 
     tau: drafts are put to the check left to right while their confidence is >= tau (0: the whole
     rest of the block); a lower bar only costs rows, never quality. `drafts=False`: no mask rows,
@@ -274,54 +299,92 @@ class SelfSpeculative:
     @torch.no_grad()
     def forward(self, cache: KVCache, clean: list[int], n_mask: int) -> Tensor:
         """`clean` tokens after the cached ones, then `n_mask` masks: [L, V] fp32 logits."""
-        model, route = self.pair.model, self.pair.route
-        device = cache.pos_BS.device
-        length = int(cache.length_B[0])
-        L = len(clean) + n_mask
-        ids = torch.tensor([clean + [self.mask_id] * n_mask], device=device)
-        pos_L = length + torch.arange(L, device=device)
-        vis_LS = visibility(length, len(clean), n_mask, max(cache.end, length + L), device)
-        route.mask_BL = (torch.arange(L, device=device) >= len(clean))[None]
-        try:
-            out = model(ids, pos_L[None], cache=cache, attn_mask_BLS=vis_LS[None])
-        finally:
-            route.mask_BL = None
-        return out.logits[0, :, :self.pair.vocab].float()
+        return self.forward_rows(cache, [0], [clean], [n_mask])[0]
 
     @torch.no_grad()
+    def forward_rows(self, cache: KVCache, rows: list[int], clean: list[list[int]],
+                     n_mask: list[int], last_only: bool = False) -> Tensor:
+        """One forward over several cache rows: batch row b is `clean[b]` after cache row
+        `rows[b]`'s cached tokens, then `n_mask[b]` masks, padded to the longest. [B, L, V] fp32
+        logits (padding rows are garbage), or with `last_only` [B, V]: each row's last one."""
+        model, route = self.pair.model, self.pair.route
+        device = cache.pos_BS.device
+        n_B = [len(c) + m for c, m in zip(clean, n_mask, strict=True)]
+        B, L = len(rows), max(n_B)
+        length_B = cache.length_B[rows]
+        ids = torch.full((B, L), self.mask_id, device=device)
+        for b, c in enumerate(clean):
+            ids[b, :len(c)] = torch.tensor(c, device=device)
+        j_L = torch.arange(L, device=device)
+        valid_BL = j_L[None] < torch.tensor(n_B, device=device)[:, None]
+        num_slots = max(cache.end, int((length_B + torch.tensor(n_B, device=device)).max()))
+        vis_BLS = torch.zeros(B, L, num_slots, dtype=torch.bool, device=device)
+        for b, (n, c, m) in enumerate(zip(length_B.tolist(), clean, n_mask, strict=True)):
+            vis_BLS[b, :n_B[b]] = visibility(n, len(c), m, num_slots, device)
+        n_clean_B = torch.tensor([len(c) for c in clean], device=device)
+        route.mask_BL = (j_L[None] >= n_clean_B[:, None]) & valid_BL
+        last_BL = j_L[None] == torch.tensor(n_B, device=device)[:, None] - 1
+        try:
+            out = model(ids, length_B[:, None] + j_L, cache=cache, cache_rows=rows,
+                        valid_BL=valid_BL, attn_mask_BLS=vis_BLS,
+                        logits_mask_BL=last_BL if last_only else None)
+        finally:
+            route.mask_BL = None
+        return out.logits[..., :self.pair.vocab].float()
+
     def generate(self, prompt: list[int], max_tokens: int, stop_ids: set[int]) -> SpecResult:
+        return self.generate_batch([prompt], max_tokens, stop_ids)[0]
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], max_tokens: int,
+                       stop_ids: set[int]) -> list[SpecResult]:
+        """Decode prompts together: one forward a step over every unfinished row (each with its
+        own clean and mask rows, padded); a finished row leaves the batch. Each row's output is
+        what `generate` gives it alone (up to floating-point ties); a result's `forwards` counts
+        the forwards it took part in (the batch ran max of them)."""
         model = self.pair.model
         device = next(model.parameters()).device
         dtype = model.embed.weight.dtype
-        cache = KVCache(model.config, 1, len(prompt) + max_tokens + 2 * self.block, device, dtype)
-        seq = list(prompt) + [int(self.forward(cache, prompt, 0)[-1].argmax())]
-        cache.truncate(torch.tensor([len(prompt)], device=device))
-        c, spec = len(prompt), []  # cached positions; drafts awaiting the check
-        res = SpecResult([], 1, 0, Counter())
-        stopped = seq[-1] in stop_ids
-        while not stopped and len(seq) - len(prompt) < max_tokens:
-            start = len(seq) + len(spec)  # the first position nobody has written
-            n_mask = self._window_end(start) - start if self.drafts else 0
-            logits = self.forward(cache, seq[c:] + spec, n_mask)
-            res.forwards += 1
-            best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
-            ok = 0
-            while ok < len(spec) and best[len(seq) + ok - 1 - c] == spec[ok]:
-                res.accepted_at[ok] += 1
-                ok += 1
-            res.drafted += len(spec)
-            at = len(seq) + ok  # the position the AR model's own token fills
-            new = spec[:ok] + [best[at - 1 - c]]
-            seq += new
-            stopped = not stop_ids.isdisjoint(new)
-            cache.truncate(torch.tensor([at], device=device))
-            # every draft held: this forward's drafts were made on the right tokens
-            spec = self._drafts(logits, at, c) if ok == len(spec) else []
-            c = at
-        out = seq[len(prompt):]
-        stops = [i for i, t in enumerate(out) if t in stop_ids]
-        res.ids = out[:stops[0] + 1] if stops else out[:max_tokens]
-        return res
+        capacity = max(map(len, prompts)) + max_tokens + 2 * self.block
+        cache = KVCache(model.config, len(prompts), capacity, device, dtype)
+        rows = [_Row(len(p), list(p), [], len(p), SpecResult([], 1, 0, Counter()))
+                for p in prompts]
+        first = self.forward_rows(cache, list(range(len(rows))), prompts, [0] * len(rows),
+                                  last_only=True).argmax(-1).tolist()
+        for r, t in zip(rows, first, strict=True):
+            r.seq.append(t)
+            r.done = t in stop_ids or max_tokens <= 1
+        cache.truncate(torch.tensor([r.c for r in rows], device=device))
+        while active := [i for i, r in enumerate(rows) if not r.done]:
+            n_mask = [self._window_end(rows[i].start) - rows[i].start if self.drafts else 0
+                      for i in active]
+            logits = self.forward_rows(cache, active,
+                                       [rows[i].seq[rows[i].c:] + rows[i].spec for i in active],
+                                       n_mask)
+            lengths = cache.length_B.clone()
+            for b, i in enumerate(active):
+                lengths[i] = self._advance(rows[i], logits[b], stop_ids, max_tokens)
+            cache.truncate(lengths)
+        return [r.finish(stop_ids, max_tokens) for r in rows]
+
+    def _advance(self, r: _Row, logits: Tensor, stop_ids: set[int], max_tokens: int) -> int:
+        """Check row r's drafts against this forward's clean rows, commit, draft anew; the
+        row's new cached length."""
+        r.res.forwards += 1
+        best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
+        ok = 0
+        while ok < len(r.spec) and best[len(r.seq) + ok - 1 - r.c] == r.spec[ok]:
+            r.res.accepted_at[ok] += 1
+            ok += 1
+        r.res.drafted += len(r.spec)
+        at = len(r.seq) + ok  # the position the AR model's own token fills
+        new = r.spec[:ok] + [best[at - 1 - r.c]]
+        r.seq += new
+        r.done = not stop_ids.isdisjoint(new) or len(r.seq) - r.prompt_len >= max_tokens
+        # every draft held: this forward's drafts were made on the right tokens
+        r.spec = self._drafts(logits, at, r.c) if ok == len(r.spec) else []
+        r.c = at
+        return at
 
     def _window_end(self, start: int) -> int:
         """One past the last mask row of a forward whose first unknown position is `start`: the
