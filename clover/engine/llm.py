@@ -278,12 +278,11 @@ class Engine:
         """Each row's commits, chosen by the policy the row's request asked for."""
         names = [r.request.params.policy for r in batch.rows]
         if len(set(names)) == 1:
-            commit_BM = self.policies[names[0]].select(p)
-        else:
-            commit_BM = torch.zeros_like(p.masked_BM)
-            for name in set(names):
-                rows = [i for i, n in enumerate(names) if n == name]
-                commit_BM[rows] = self.policies[name].select(p.take(rows))
+            return self.policies[names[0]].select(p)
+        commit_BM = torch.zeros_like(p.masked_BM)
+        for name in set(names):
+            rows = [i for i, n in enumerate(names) if n == name]
+            commit_BM[rows] = self.policies[name].select(p.take(rows))
         return commit_BM
 
     def _verify(self, r: Request) -> None:
@@ -354,12 +353,17 @@ class LLM:
     max_model_len: int | None = None
     prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
     compile: bool = False  # cached forwards as one compiled graph (clover/model/compiled.py)
+    draft: str | Path | None = None  # a drafter adapter: self-speculative decoding (greedy)
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
         device = resolve_device(self.device)
         int8 = self.dtype == "int8"  # torchao weight-only int8, computing in bf16 or fp32
         dtype = _int8_activation_dtype(device) if int8 else resolve_dtype(self.dtype, device)
+        if self.draft is not None:  # the AR model checks the drafter's tokens
+            from clover.engine.spec_engine import load_spec_engine
+            self.engine = load_spec_engine(self, device, dtype, int8)  # sets model, tokenizer
+            return
         if isinstance(self.model, torch.nn.Module):  # CloverModel, or a DiffusionGemmaModel
             module = self.model.to(device=device, dtype=dtype)
         elif str(self.model) in PRESETS:

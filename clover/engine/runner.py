@@ -59,18 +59,8 @@ class ModelRunner:
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow every row's slot count to at least `capacity`, keeping what is cached."""
-        if capacity <= self.cache.capacity:
-            return
-        old = self.cache
-        new = KVCache(self.config, self.max_batch_size, capacity, self.device, self.dtype)
-        for dst, src in ((new.k, old.k), (new.v, old.v), (new.h, old.h)):
-            for d, s in zip(dst, src, strict=True):
-                d[:, :, :old.capacity] = s
-        new.pos_BS[:, :old.capacity] = old.pos_BS
-        new.valid_BS[:, :old.capacity] = old.valid_BS
-        new.length_B.copy_(old.length_B)
-        new.end = old.end
-        self.cache = new
+        if capacity > self.cache.capacity:
+            self.cache = grown(self.cache, self.config, capacity)
 
     def release(self, rows: list[int]) -> None:
         if rows:
@@ -144,3 +134,16 @@ class ModelRunner:
                    if p.commit_len is not None]
         if commits:
             self.cache.set_length([r for r, _ in commits], [n for _, n in commits])
+
+
+def grown(old: KVCache, config, capacity: int) -> KVCache:
+    """A copy of `old` with `capacity` slots a row, keeping what is cached."""
+    new = KVCache(config, old.batch_size, capacity, old.k[0].device, old.k[0].dtype)
+    for dst, src in ((new.k, old.k), (new.v, old.v), (new.h, old.h)):
+        for d, s in zip(dst, src, strict=True):
+            d[:, :, :old.capacity] = s
+    new.pos_BS[:, :old.capacity] = old.pos_BS
+    new.valid_BS[:, :old.capacity] = old.valid_BS
+    new.length_B.copy_(old.length_B)
+    new.end = old.end
+    return new

@@ -132,7 +132,7 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
     from clover.bench.quant import cli_dtype
 
     llm = LLM(args.model, device=args.device, dtype=cli_dtype(args.dtype, args.device),
-              max_batch_size=args.batch_size)
+              max_batch_size=args.batch_size, draft=args.draft)
     params = SamplingParams(policy=args.policy, tau=args.tau, gamma=args.gamma,
                             max_tokens=args.max_tokens,
                             structured=tool_constraint() if args.grammar else None)
@@ -147,7 +147,8 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
         result["by_format"][kind] = {"n": len(idx), "zone_f1": round(part["zone_f1"], 4),
                                      "fields": round(part["field_accuracy"], 4),
                                      "exact": round(part["exact_message_accuracy"], 4)}
-    result.update(model=args.model, split=args.messages or args.split, seed=args.seed,
+    result.update(model=args.model, draft=args.draft, split=args.messages or args.split,
+                  seed=args.seed,
                   policy=args.policy, tau=args.tau, gamma=args.gamma, grammar=args.grammar,
                   grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
                   full_task_s=round(run.full_task_s, 1),
@@ -209,6 +210,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser("eval", help="decode a split with a model and score it")
     e.add_argument("task", choices=sorted(TASKS))
     e.add_argument("--model", required=True, help="model directory")
+    e.add_argument("--draft", default=None,
+                   help="a drafter adapter (e.g. models/clover-smol-draft): self-speculative "
+                        "decoding, --model (the AR twin) checking its drafts; greedy, the "
+                        "model's own answers (policy, tau and --grammar do not apply)")
     e.add_argument("--split", choices=EVAL_SPLITS, default="test",
                    help="a generated split, or real-dev: the hand-labelled real messages")
     e.add_argument("--n", type=int, default=500, help="number of examples")

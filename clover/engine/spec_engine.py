@@ -1,0 +1,219 @@
+"""Self-speculative decoding behind the engine's request API (`add_request`, `step`,
+`has_unfinished`, `output`, `stats`), so `LLM(model, draft=...)`, `LLM.generate` / `chat` and the
+airspace agent (`clover eval airspace --draft`) run it unchanged.
+
+The AR model checks a block-diffusion drafter inside each forward (`clover.engine.speculative`):
+the output is the AR model's greedy output, and the drafts decide the tokens per forward.
+Continuous batching: each step first prefills the requests admitted into free cache rows (one
+forward over their prompts, which writes each one's first token), then runs one forward over
+every running request, each with its own clean rows (tokens to cache and drafts to check) and
+mask rows (its block's rest), padded (`SelfSpeculative.forward_rows`); a finished request frees
+its row at once. Greedy only: a request asking to sample, for a grammar or for log-probabilities
+is refused with a ValueError naming the parameter. SamplingParams' policy and tau are the
+diffusion model's commit rule and do not apply here (the drafts' bar is the engine's `tau`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from typing import Any
+
+import torch
+
+from clover.engine.llm import Engine
+from clover.engine.params import SamplingParams
+from clover.engine.request import Request
+from clover.engine.runner import grown
+from clover.engine.speculative import RoutedPair, SelfSpeculative, SpecResult, _Row
+from clover.engine.stats import EngineStats
+from clover.model.transformer import KVCache
+
+
+class SpecEngine:
+    """The engine's request API over a `RoutedPair` (see the module docstring)."""
+
+    def __init__(self, pair: RoutedPair, tokenizer: Any | None = None, *,
+                 max_batch_size: int = 8, max_model_len: int | None = None,
+                 tau: float = 0.0, max_drafts: int | None = None) -> None:
+        self.pair, self.model, self.config = pair, pair.model, pair.model.config
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len or self.config.max_seq_len
+        self.max_batch_size = max_batch_size
+        self.decoder = SelfSpeculative(pair, tau, max_drafts=max_drafts)
+        param = next(self.model.parameters())
+        self.cache = KVCache(self.config, max_batch_size, min(self.max_model_len, 256),
+                             param.device, param.dtype)
+        self.waiting: deque[Request] = deque()
+        self.running: dict[str, tuple[Request, _Row]] = {}
+        self.free = list(range(max_batch_size))
+        self.stats = EngineStats()
+        self._next_id = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None, constraint: Any = None) -> Request:
+        refused = [(params.temperature > 0, "temperature", "greedy only (temperature 0)"),
+                   (params.structured is not None or constraint is not None, "structured",
+                    "no grammar-constrained decoding"),
+                   (params.logprobs is not None, "logprobs", "no log-probabilities")]
+        for bad, name, why in refused:
+            if bad:
+                raise ValueError(f"SamplingParams.{name}: self-speculative decoding is {why}")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        need = len(prompt_ids) + params.max_tokens
+        if need > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
+                             f"({params.max_tokens}) exceeds the context length "
+                             f"{self.max_model_len}")
+        if request_id is None:
+            request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
+        r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
+        self.waiting.append(r)
+        return r
+
+    def stop_ids(self, params: SamplingParams) -> set[int]:
+        eos = set() if params.ignore_eos else {self.config.eos_id}
+        return eos | set(params.stop_token_ids)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> Request | None:
+        for r in self.waiting:
+            if r.request_id == request_id:
+                self.waiting.remove(r)
+                return self._finish(r, "abort")
+        if request_id in self.running:
+            return self._finish(self.running[request_id][0], "abort")
+        return None
+
+    # a finished request as the caller sees it, and stop strings: as the engine does them
+    output = Engine.output
+    _through_stop_string = Engine._through_stop_string
+    _stop_check = Engine._stop_check
+
+    # ---- the loop -------------------------------------------------------------------------------
+    @torch.no_grad()  # not inference_mode: abort() resets rows outside any step
+    def step(self) -> list[Request]:
+        """Admit and prefill waiting requests, then one forward over the running ones; the
+        requests that finished."""
+        done = self._admit()
+        active = [(r, row) for r, row in self.running.values() if not row.done]
+        if active:
+            t0 = time.perf_counter()
+            rows = [r.row for r, _ in active]
+            n_mask = [self._n_mask(row) for _, row in active]
+            logits = self.decoder.forward_rows(
+                self.cache, rows, [row.seq[row.c:] + row.spec for _, row in active], n_mask)
+            lengths = self.cache.length_B.clone()
+            for b, (r, row) in enumerate(active):
+                stop = self.stop_ids(r.params)
+                lengths[r.row] = self.decoder._advance(row, logits[b], stop, r.params.max_tokens)
+            self.cache.truncate(lengths)
+            model_s = time.perf_counter() - t0
+            fed = [len(row.seq) - row.c + m for (_, row), m in zip(active, n_mask, strict=True)]
+            done += self._settle(active, model_s, fed)
+        return done
+
+    def _n_mask(self, row: _Row) -> int:
+        if not self.decoder.drafts:
+            return 0
+        return self.decoder._window_end(row.start) - row.start
+
+    def _admit(self) -> list[Request]:
+        """Prefill waiting requests into free rows (one forward); those already finished."""
+        new = []
+        while self.waiting and self.free:
+            r = self.waiting.popleft()
+            r.row = self.free.pop(0)
+            new.append(r)
+        if not new:
+            return []
+        need = max(len(r.prompt) + r.params.max_tokens for r in new) + 2 * self.decoder.block
+        if need > self.cache.capacity:
+            self.cache = grown(self.cache, self.config, need)
+        t0 = time.perf_counter()
+        first = self.decoder.forward_rows(self.cache, [r.row for r in new],
+                                          [r.prompt for r in new], [0] * len(new),
+                                          last_only=True).argmax(-1).tolist()
+        lengths = self.cache.length_B.clone()
+        pairs = []
+        for r, t in zip(new, first, strict=True):
+            row = _Row(len(r.prompt), list(r.prompt) + [t], [], len(r.prompt),
+                       SpecResult([], 1, 0, Counter()))
+            row.done = t in self.stop_ids(r.params) or r.params.max_tokens <= 1
+            lengths[r.row] = len(r.prompt)
+            self.running[r.request_id] = (r, row)
+            pairs.append((r, row))
+        self.cache.truncate(lengths)
+        return self._settle(pairs, time.perf_counter() - t0, [len(r.prompt) for r in new])
+
+    def _settle(self, pairs: list[tuple[Request, _Row]], model_s: float,
+                fed: list[int]) -> list[Request]:
+        """After a forward: sync each request with its row, finish the done ones, count."""
+        done, generated = [], 0
+        for (r, row), n in zip(pairs, fed, strict=True):
+            r.seq = list(row.seq)
+            r.stats.forwards, r.stats.steps = row.res.forwards, row.res.forwards
+            r.stats.tokens_processed += n
+            r.stats.generated_tokens = len(r.seq) - len(r.prompt)
+            if r.stats.first_block_s is None:
+                r.stats.first_block_s = time.perf_counter() - r.stats.arrival_s
+            text = self._stop_check(r) if r.params.stop else None
+            if text is not None:
+                r.text, row.done = text, True
+            if row.done:
+                reason = "stop" if (text is not None or not self.stop_ids(r.params).isdisjoint(
+                    r.seq[len(r.prompt):])) else "length"
+                done.append(self._finish(r, reason))
+                generated += r.stats.generated_tokens
+        self.stats.add_step(rows=len(pairs), tokens_processed=sum(fed), unique_experts=0.0,
+                            generated_tokens=generated,
+                            laps={"model_s": model_s, "policy_s": 0.0, "grammar_s": 0.0,
+                                  "other_s": 0.0})
+        return done
+
+    def _finish(self, r: Request, reason: str) -> Request:
+        """End a request: its tokens through the first stop token and at most max_tokens (a
+        forward may commit a few past either), its row freed."""
+        out = r.seq[len(r.prompt):]
+        stops = self.stop_ids(r.params)
+        end = next((j + 1 for j, t in enumerate(out) if t in stops), len(out))
+        r.seq = r.prompt + out[:min(end, r.params.max_tokens)]
+        r.finish_reason = reason
+        r.stats.generated_tokens = len(r.seq) - len(r.prompt)
+        r.stats.total_s = time.perf_counter() - r.stats.arrival_s
+        if self.running.pop(r.request_id, None) is not None:
+            self.cache.reset_rows([r.row])
+            self.free.append(r.row)
+        return r
+
+
+def load_spec_engine(llm: Any, device: torch.device, dtype: torch.dtype,
+                     int8: bool) -> SpecEngine:
+    """`LLM(model, draft=...)`: the pair of two adapter directories over one base (`load_pair`,
+    the drafter as a low-rank difference), on the engine's fused paths (int8: torchao weights,
+    unfused). Sets the LLM's model and tokenizer."""
+    from pathlib import Path
+
+    from clover.engine.speculative import fuse_pair, load_pair
+
+    if isinstance(llm.model, torch.nn.Module) or not Path(llm.model).is_dir():
+        raise ValueError(f"draft={llm.draft!r} needs the AR model as an adapter directory "
+                         f"(got model={llm.model!r})")
+    if not Path(llm.draft).is_dir():
+        raise ValueError(f"draft={llm.draft!r}: no such model directory")
+    if llm.compile:
+        raise ValueError("compile=True is not supported with a drafter (draft=...)")
+    pair, tokenizer = load_pair(str(llm.model), str(llm.draft), device=device, dtype=dtype)
+    if int8:
+        from clover.bench.quant import quantize_int8
+
+        quantize_int8(pair.model)
+    elif pair.low_rank:
+        fuse_pair(pair)
+    llm.model, llm.tokenizer = pair.model, llm.tokenizer or tokenizer
+    return SpecEngine(pair, llm.tokenizer, max_batch_size=llm.max_batch_size,
+                      max_model_len=llm.max_model_len)

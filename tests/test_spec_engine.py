@@ -1,0 +1,103 @@
+"""SpecEngine (clover/engine/spec_engine.py): self-speculative decoding behind the engine's request
+API, with continuous batching. Each request's output must be what the reference decoder
+(`SelfSpeculative.generate`) gives it alone, and so the AR model's greedy output."""
+
+import pytest
+import torch
+
+from clover.checkpoint import adapter as ad
+from clover.engine import LLM, SamplingParams
+from clover.engine.spec_engine import SpecEngine
+from clover.engine.speculative import SelfSpeculative, fuse_pair, load_pair
+from clover.tasks.airspace.smol import adapted_config
+from tests.test_adapter import _random_lora, base_cache, tokenizer  # noqa: F401 (fixtures)
+from tests.test_speculative import _greedy, _pair
+
+
+def _drain(engine) -> tuple[list, int]:
+    done, most = [], 0
+    while engine.has_unfinished():
+        done += engine.step()
+        most = max(most, len(engine.running))
+    return done, most
+
+
+def _prompts(lengths, seed=0, vocab=500):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_each_request_decodes_as_it_would_alone_with_rows_reused():
+    ar, pair = _pair(0.0)
+    prompts = _prompts((5, 11, 8, 3, 14))
+    budgets = [6, 20, 16, 1, 12]  # the first finishes first: rows and batch order part
+    ref = SelfSpeculative(pair)
+    alone = [ref.generate(p, n, {ar.config.eos_id}) for p, n in zip(prompts, budgets, strict=True)]
+    stop = alone[2].ids[4]  # a stop token id for request 2 only
+    alone[2] = ref.generate(prompts[2], budgets[2], {ar.config.eos_id, stop})
+    engine = SpecEngine(pair, max_batch_size=2)
+    reqs = [engine.add_request(p, SamplingParams(max_tokens=n, stop_token_ids=[stop] if i == 2
+                                                 else []))
+            for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    done, most = _drain(engine)
+    assert most == 2 and sorted(r.request_id for r in done) == sorted(r.request_id for r in reqs)
+    for r, want in zip(reqs, alone, strict=True):
+        out = engine.output(r)
+        assert out.token_ids == [t for t in want.ids if t not in (ar.config.eos_id, stop)]
+        assert r.stats.forwards == want.forwards and r.stats.generated_tokens == len(want.ids)
+    assert engine.output(reqs[2]).finish_reason == "stop"
+    assert engine.output(reqs[3]).token_ids == _greedy(ar, prompts[3], 1)
+    assert engine.output(reqs[1]).finish_reason == "length"
+    assert engine.stats.forwards < sum(r.stats.forwards for r in reqs)  # batched
+    assert engine.stats.generated_tokens == sum(len(w.ids) for w in alone)
+    assert sorted(engine.free) == [0, 1] and not engine.running
+
+
+def test_refused_requests_name_the_parameter_and_abort_frees_the_row():
+    _, pair = _pair(0.0)
+    engine = SpecEngine(pair, max_batch_size=1, max_model_len=64)
+    for params, name in ((SamplingParams(temperature=0.7), "temperature"),
+                         (SamplingParams(structured={"regex": "a+"}), "structured"),
+                         (SamplingParams(logprobs=2), "logprobs")):
+        with pytest.raises(ValueError, match=f"SamplingParams.{name}"):
+            engine.add_request([5, 6, 7], params)
+    with pytest.raises(ValueError, match="exceeds the context length 64"):
+        engine.add_request([5] * 60, SamplingParams(max_tokens=8))
+    a = engine.add_request([5, 6, 7], SamplingParams(max_tokens=30))
+    b = engine.add_request([8, 9], SamplingParams(max_tokens=5))
+    engine.step()
+    assert list(engine.running) == [a.request_id] and list(engine.waiting) == [b]
+    assert engine.abort(a.request_id) is a and a.finish_reason == "abort"
+    assert engine.free == [0]
+    done, _ = _drain(engine)
+    assert done == [b] and engine.output(b).token_ids == SelfSpeculative(pair).generate(
+        [8, 9], 5, set()).ids
+
+
+def _adapter_dirs(base, tok, tmp_path):
+    """An AR adapter and a block-diffusion drafter adapter over the tiny stand-in base."""
+    dirs = []
+    for seed, (mode, block, shift, tag) in enumerate((("causal", 1, False, "ar"),
+                                                      ("block", 4, True, "dl"))):
+        config = adapted_config(base.config, mode, block, shift, tag)
+        model = ad.base_model_for(config)
+        peft_config = ad.lora_config(4)
+        ad.inject_lora(model, peft_config)
+        _random_lora(model, seed=seed)
+        dirs.append(str(ad.save_adapter(model, config, peft_config, tok, tmp_path / tag,
+                                        base={}, dtype=torch.float32)))
+    return dirs
+
+
+def test_llm_with_a_draft_runs_the_pair(base_cache, tokenizer, tmp_path):  # noqa: F811
+    ar_dir, draft_dir = _adapter_dirs(base_cache, tokenizer, tmp_path)
+    llm = LLM(ar_dir, draft=draft_dir, device="cpu", dtype="float32", max_batch_size=2)
+    assert isinstance(llm.engine, SpecEngine) and llm.engine.pair.fused
+    prompts = _prompts((6, 9, 4), seed=1, vocab=290)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    pair, _ = load_pair(ar_dir, draft_dir, dtype=torch.float32)
+    ref = SelfSpeculative(fuse_pair(pair))
+    assert [o.token_ids for o in outs] == [ref.generate(p, 10, set()).ids for p in prompts]
+    assert all(o.finish_reason == "length" and o.stats.forwards >= 1 for o in outs)
+    with pytest.raises(ValueError, match="draft=.*no such model directory"):
+        LLM(ar_dir, draft=str(tmp_path / "nope"), device="cpu")
