@@ -101,3 +101,37 @@ def test_llm_with_a_draft_runs_the_pair(base_cache, tokenizer, tmp_path):  # noq
     assert all(o.finish_reason == "length" and o.stats.forwards >= 1 for o in outs)
     with pytest.raises(ValueError, match="draft=.*no such model directory"):
         LLM(ar_dir, draft=str(tmp_path / "nope"), device="cpu")
+
+
+def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, tokenizer,  # noqa: F811
+                                                                    tmp_path):
+    """`clover serve --model AR --draft DRAFTER` through the real openai client: a request that
+    names no temperature is greedy (the default with a drafter) and gets the pair's answer,
+    streamed or not; one that samples gets a 400 naming the parameter."""
+    import openai
+
+    from clover.server import CloverServer, ServerConfig
+    from clover.server.testing import serving
+
+    ar_dir, draft_dir = _adapter_dirs(base_cache, tokenizer, tmp_path)
+    prompt = "WI 3.5NM RADIUS 512103N"
+    want = LLM(ar_dir, draft=draft_dir, device="cpu", dtype="float32").generate(
+        prompt, SamplingParams(max_tokens=8, ignore_eos=True))[0].text
+    server = CloverServer.load(ServerConfig(model=ar_dir, draft=draft_dir, device="cpu",
+                                            dtype="float32"))
+    assert isinstance(server.engine, SpecEngine)
+    try:
+        with serving(server) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            extra = {"ignore_eos": True}
+            got = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
+                                            extra_body=extra)
+            assert got.choices[0].text == want and got.usage.completion_tokens == 8
+            chunks = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
+                                               stream=True, extra_body=extra)
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+            with pytest.raises(openai.BadRequestError, match="temperature"):
+                client.completions.create(model="ar", prompt=prompt, max_tokens=4,
+                                          temperature=0.8)
+    finally:
+        server.close()

@@ -23,6 +23,7 @@ import torch
 
 from clover.engine.llm import Engine
 from clover.engine.params import SamplingParams
+from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import Request
 from clover.engine.runner import grown
 from clover.engine.speculative import RoutedPair, SelfSpeculative, SpecResult, _Row
@@ -48,7 +49,14 @@ class SpecEngine:
         self.running: dict[str, tuple[Request, _Row]] = {}
         self.free = list(range(max_batch_size))
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(self.config, 0.0)  # off: rows start from their prompt
         self._next_id = 0
+
+    @property
+    def runner(self) -> SpecEngine:
+        """It runs its own forwards: what a server reads of a runner (`max_batch_size`,
+        `cache`) is its own."""
+        return self
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,

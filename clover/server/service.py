@@ -106,7 +106,8 @@ class CloverServer:
             torch.set_num_threads(config.torch_threads)
         llm = LLM(config.model, device=config.device, dtype=config.dtype,
                   max_batch_size=config.max_batch, max_model_len=config.max_model_len,
-                  prefix_cache_mb=config.prefix_cache_mb, compile=config.compile)
+                  prefix_cache_mb=config.prefix_cache_mb, compile=config.compile,
+                  draft=config.draft)
         return cls(llm, config)
 
     def close(self) -> None:
