@@ -51,13 +51,20 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from clover.demo import DemoConfig, render_table, run_demo
+    from pathlib import Path
+
+    from clover.demo import DEFAULT_BASELINE, DEFAULT_DRAFT, DemoConfig, render_table, run_demo
 
     if args.which == "core":
         from clover.demo_core import run_core_demo
         return run_core_demo(args.out, preset="clover-tiny")
     fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__}
     fields["regimes"] = tuple(fields.get("regimes", ()))
+    if fields.get("draft") == "auto":
+        fields["draft"] = DEFAULT_DRAFT if (args.baseline == DEFAULT_BASELINE and not args.grammar
+                                           and Path(DEFAULT_DRAFT).is_dir()) else None
+    elif fields.get("draft") == "none":
+        fields["draft"] = None
     from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
@@ -91,7 +98,7 @@ def _serve_file(path: str, port: int) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    from clover.demo import DemoConfig
+    from clover.demo import DEFAULT_DRAFT, DemoConfig
     from clover.tasks.airspace.contract import add_grammar_flag
     from clover.tasks.airspace.data import EVAL_SPLITS
 
@@ -101,6 +108,11 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
                    help="airspace (default) or core (build, save, reload and inspect a model)")
     p.add_argument("--model", default=d.model, help="diffusion model directory")
     p.add_argument("--baseline", default=d.baseline, help="AR baseline model directory")
+    p.add_argument("--draft", default="auto",
+                   help="a drafter adapter for the baseline: a third run, the baseline checking "
+                        "its drafts (self-speculative: the baseline's answers in fewer "
+                        f"forwards). auto (default): {DEFAULT_DRAFT} with the default baseline "
+                        "and no --grammar; none: skip it")
     p.add_argument("--n", type=int, default=d.n, help="number of messages")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--split", default=d.split, choices=EVAL_SPLITS,

@@ -4,7 +4,10 @@ Loads both model directories, warms each up, and runs the agent (clover.tasks.ai
 the same messages with each, in two regimes: `batch` (every message submitted at once, the
 engine batches them) and `one-by-one` (an agent handling messages in turn: batch 1). Scores both
 with the task's scorer, prints one table per regime with the measured speed ratio, and writes
-`report.json` and the 3D map page. Models run one after the other in one process.
+`report.json` and the 3D map page. Models run one after the other in one process. With `draft`
+(a drafter adapter: `clover demo` picks models/clover-smol-draft for the default baseline) a third
+decoder runs too: the AR twin checking the drafter's tokens (self-speculative decoding,
+clover/engine/spec_engine.py), whose answers are the twin's own, with its speed ratio.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from clover.tasks.airspace.stats import compare, interval, message_counts
 
 DEFAULT_MODEL = "models/clover-smol"
 DEFAULT_BASELINE = "models/clover-smol-ar"
+DEFAULT_DRAFT = "models/clover-smol-draft"  # the drafter trained for DEFAULT_BASELINE
+SPEC = "AR + drafter"  # the self-speculative decoder's name in rows and ratios
 REGIMES = ("batch", "one-by-one")
 
 # progress(phase, done, total): phase is e.g. "diffusion, batch"; called at the start of a phase
@@ -46,6 +51,7 @@ Progress = Callable[[str, int, int], None]
 class DemoConfig:
     model: str = DEFAULT_MODEL
     baseline: str = DEFAULT_BASELINE
+    draft: str | None = None  # a drafter adapter for the baseline: a third, self-speculative run
     n: int = 20
     seed: int = 0
     split: str = "test"
@@ -68,6 +74,9 @@ class DemoConfig:
         bad = [r for r in self.regimes if r not in REGIMES]
         if bad or not self.regimes:
             raise ValueError(f"--regimes {bad or '(none)'}: choose from {', '.join(REGIMES)}")
+        if self.draft and self.grammar:
+            raise ValueError("--draft: self-speculative decoding has no grammar; drop --grammar "
+                             "or pass --draft none")
 
 
 def _examples(cfg: DemoConfig) -> list:
@@ -131,7 +140,8 @@ def summarise(name: str, path: str, run: AgentRun, scores: dict | None) -> dict[
 
 def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any]:
     cfg = replace(cfg, dtype=cli_dtype(cfg.dtype, cfg.device))
-    for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline)):
+    for flag, path in (("--model", cfg.model), ("--baseline", cfg.baseline),
+                       *((("--draft", cfg.draft),) if cfg.draft else ())):
         if not Path(path, "config.json").is_file():
             raise ValueError(f"{flag} {path}: not a model directory (no config.json); train one "
                              f"with `clover train` or pass another directory")
@@ -139,8 +149,10 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
     params = SamplingParams(policy=cfg.policy, tau=cfg.tau, max_tokens=cfg.max_tokens,
                             structured=tool_constraint() if cfg.grammar else None)
     rows, runs, counts = [], {}, {}
-    for name, path in (("diffusion", cfg.model), ("autoregressive", cfg.baseline)):
-        llm = LLM(path, device=cfg.device, dtype=cfg.dtype, max_batch_size=max(len(examples), 1))
+    decoders = [("diffusion", cfg.model, None), ("autoregressive", cfg.baseline, None)]
+    for name, path, draft in decoders + ([(SPEC, cfg.baseline, cfg.draft)] if cfg.draft else []):
+        llm = LLM(path, device=cfg.device, dtype=cfg.dtype, max_batch_size=max(len(examples), 1),
+                  draft=draft)
         for regime in cfg.regimes:
             phase = f"{name}, {regime}"
             tell = (lambda k, phase=phase: progress(phase, k, len(examples))) if progress else None
@@ -150,8 +162,14 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
             scores = _scores(run, examples, counts, name) if _has_truth(cfg, examples) else None
             runs.setdefault(name, run)
             rows.append({"regime": regime, **summarise(name, path, run, scores)})
+            runs[name, regime] = run
         del llm
     report = _report(cfg, rows)
+    if cfg.draft:
+        report["speed_ratio_drafter"] = _ratios(rows, SPEC)
+        report["drafter_same_answers"] = {
+            regime: _same_answers(runs[SPEC, regime], runs["autoregressive", regime])
+            for regime in cfg.regimes}
     if len(counts) == 2:  # the two models on the same messages (their first regime's answers)
         report["zone_f1_difference"] = compare(counts["diffusion"],
                                                counts["autoregressive"]).as_dict()
@@ -173,12 +191,18 @@ def _scores(run: AgentRun, examples: list, counts: dict, name: str) -> dict:
     return score(preds, examples) | {"zone_f1_ci95": interval(mine).as_list()}
 
 
-def _ratios(rows: list[dict]) -> dict[str, float | None]:
-    """Per regime: AR full task time / diffusion full task time (> 1: diffusion is faster)."""
+def _same_answers(run: AgentRun, ar: AgentRun) -> str:
+    """How many messages got every turn's text exactly as the AR run wrote it."""
+    same = sum(a.outputs == b.outputs for a, b in zip(run.messages, ar.messages, strict=True))
+    return f"{same}/{len(ar.messages)}"
+
+
+def _ratios(rows: list[dict], model: str = "diffusion") -> dict[str, float | None]:
+    """Per regime: AR full task time / `model`'s full task time (> 1: `model` is faster)."""
     out = {}
     for regime in dict.fromkeys(r["regime"] for r in rows):
         dllm, ar = (next(r for r in rows if r["regime"] == regime and r["model"] == m)
-                    for m in ("diffusion", "autoregressive"))
+                    for m in (model, "autoregressive"))
         out[regime] = round(ar["full_task_s"] / dllm["full_task_s"], 2) if dllm[
             "full_task_s"] else None
     return out
@@ -191,7 +215,7 @@ def _report(cfg: DemoConfig, rows: list[dict]) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "messages": cfg.messages or
             f"{cfg.split} split, n={cfg.n}, seed={cfg.seed}",
             "settings": {"policy": cfg.policy, "tau": cfg.tau, "max_tokens": cfg.max_tokens,
-                         "max_turns": cfg.max_turns, "grammar": cfg.grammar,
+                         "max_turns": cfg.max_turns, "grammar": cfg.grammar, "draft": cfg.draft,
                          "device": cfg.device, "dtype": cfg.dtype},
             "rows": rows, "speed_ratio_full_task": ratios}
 
@@ -244,6 +268,10 @@ def render_table(report: dict[str, Any]) -> str:
         console.print(table)
     ratios = ", ".join(f"{k} {v}x" for k, v in report["speed_ratio_full_task"].items())
     text = cap.get() + f"speed ratio (AR full task time / diffusion): {ratios}\n"
+    if report.get("speed_ratio_drafter"):
+        spec = ", ".join(f"{k} {v}x (answers the same as AR: {report['drafter_same_answers'][k]})"
+                         for k, v in report["speed_ratio_drafter"].items())
+        text += f"speed ratio (AR full task time / {SPEC}): {spec}\n"
     diff = report.get("zone_f1_difference")
     if diff:
         lo, hi = diff["difference_ci"]

@@ -88,3 +88,36 @@ def test_demo_names_a_missing_model_directory(tmp_path, tiny_pair):
 def test_demo_refuses_an_unknown_regime():
     with pytest.raises(ValueError, match="--regimes"):
         DemoConfig(regimes=("sideways",))
+
+
+def test_demo_with_a_drafter_runs_the_twin_checking_its_drafts(tmp_path, tiny_pair):
+    """`draft`: a third decoder, the baseline checking the drafter's tokens (here the tiny
+    shifted-prediction diffusion model over the AR one's weights): its answers are the AR
+    run's, and its speed ratio and sameness are reported per regime."""
+    from clover.checkpoint import load
+
+    _, tok = load(tiny_pair[1])
+    dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0, max_seq_len=4096)
+    baseline = str(save(build_model(get_preset("tiny", attention="causal", block_size=1, **dense),
+                                    seed=0), tok, tmp_path / "ar"))
+    drafter = str(save(build_model(get_preset("tiny", shift_logits=True, **dense), seed=0), tok,
+                       tmp_path / "draft"))
+    cfg = DemoConfig(model=tiny_pair[0], baseline=baseline, draft=drafter, n=2,
+                     out=str(tmp_path / "demo"), device="cpu", max_turns=1, max_tokens=16,
+                     map=False)
+    report = run_demo(cfg)
+    by = {(r["model"], r["regime"]): r for r in report["rows"]}
+    assert {m for m, _ in by} == {"diffusion", "autoregressive", "AR + drafter"}
+    for regime in ("batch", "one-by-one"):
+        spec, ar = by["AR + drafter", regime], by["autoregressive", regime]
+        assert report["drafter_same_answers"][regime] == "2/2"
+        assert spec["generated_tokens"] == ar["generated_tokens"]
+        assert report["speed_ratio_drafter"][regime] == round(
+            ar["full_task_s"] / spec["full_task_s"], 2)
+    assert report["settings"]["draft"] == drafter
+    assert "AR + drafter" in render_table(report)
+    with pytest.raises(ValueError, match="--draft .*not a model directory"):
+        run_demo(DemoConfig(n=1, out=str(tmp_path), model=tiny_pair[0], baseline=baseline,
+                            draft=str(tmp_path / "nowhere")))
+    with pytest.raises(ValueError, match="--draft: self-speculative decoding has no grammar"):
+        DemoConfig(draft=tiny_pair[0], grammar=True)
