@@ -53,6 +53,26 @@ def test_each_request_decodes_as_it_would_alone_with_rows_reused():
     assert sorted(engine.free) == [0, 1] and not engine.running
 
 
+def test_a_shared_prompt_head_comes_from_the_prefix_cache_and_changes_nothing():
+    _, pair = _pair(0.0)
+    head = _prompts((40,), seed=5)[0]
+    prompts = [head + tail for tail in _prompts((3, 7, 5), seed=6)]
+    ref = SelfSpeculative(pair)
+    engine = SpecEngine(pair, max_batch_size=1)  # one at a time: each finds the last one's head
+    reqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True))
+            for p in prompts]
+    _drain(engine)
+    assert [engine.output(r).token_ids for r in reqs] == [ref.generate(p, 12, set()).ids
+                                                          for p in prompts]
+    assert engine.prefix_cache.hit_tokens == 2 * 32  # two whole 16-token chunks, twice
+    assert reqs[1].stats.tokens_processed < reqs[0].stats.tokens_processed
+    off = SpecEngine(pair, max_batch_size=1, prefix_cache_mb=0)
+    r = off.add_request(prompts[1], SamplingParams(max_tokens=12, ignore_eos=True))
+    _drain(off)
+    assert off.output(r).token_ids == engine.output(reqs[1]).token_ids
+    assert off.prefix_cache.hit_tokens == 0
+
+
 def test_refused_requests_name_the_parameter_and_abort_frees_the_row():
     _, pair = _pair(0.0)
     engine = SpecEngine(pair, max_batch_size=1, max_model_len=64)

@@ -5,7 +5,8 @@ airspace agent (`clover eval airspace --draft`) run it unchanged.
 The AR model checks a block-diffusion drafter inside each forward (`clover.engine.speculative`):
 the output is the AR model's greedy output, and the drafts decide the tokens per forward.
 Continuous batching: each step first prefills the requests admitted into free cache rows (one
-forward over their prompts, which writes each one's first token), then runs one forward over
+forward over their prompts, which writes each one's first token; a prompt head an earlier
+request computed comes from the prefix cache, as in the engine), then runs one forward over
 every running request, each with its own clean rows (tokens to cache and drafts to check) and
 mask rows (its block's rest), padded (`SelfSpeculative.forward_rows`); a finished request frees
 its row at once. Greedy only: a request asking to sample, for a grammar or for log-probabilities
@@ -36,7 +37,8 @@ class SpecEngine:
 
     def __init__(self, pair: RoutedPair, tokenizer: Any | None = None, *,
                  max_batch_size: int = 8, max_model_len: int | None = None,
-                 tau: float = 0.0, max_drafts: int | None = None) -> None:
+                 prefix_cache_mb: float = 256.0, tau: float = 0.0,
+                 max_drafts: int | None = None) -> None:
         self.pair, self.model, self.config = pair, pair.model, pair.model.config
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or self.config.max_seq_len
@@ -49,7 +51,8 @@ class SpecEngine:
         self.running: dict[str, tuple[Request, _Row]] = {}
         self.free = list(range(max_batch_size))
         self.stats = EngineStats()
-        self.prefix_cache = PrefixCache(self.config, 0.0)  # off: rows start from their prompt
+        # the clean rows' keys are the AR model's, causal: a prompt head's are exact to reuse
+        self.prefix_cache = PrefixCache(self.config, prefix_cache_mb)
         self._next_id = 0
 
     @property
@@ -143,9 +146,10 @@ class SpecEngine:
         if need > self.cache.capacity:
             self.cache = grown(self.cache, self.config, need)
         t0 = time.perf_counter()
+        heads = [self.prefix_cache.load(r.prompt, self.cache, r.row) for r in new]
         first = self.decoder.forward_rows(self.cache, [r.row for r in new],
-                                          [r.prompt for r in new], [0] * len(new),
-                                          last_only=True).argmax(-1).tolist()
+                                          [r.prompt[n:] for r, n in zip(new, heads, strict=True)],
+                                          [0] * len(new), last_only=True).argmax(-1).tolist()
         lengths = self.cache.length_B.clone()
         pairs = []
         for r, t in zip(new, first, strict=True):
@@ -156,7 +160,10 @@ class SpecEngine:
             self.running[r.request_id] = (r, row)
             pairs.append((r, row))
         self.cache.truncate(lengths)
-        return self._settle(pairs, time.perf_counter() - t0, [len(r.prompt) for r in new])
+        for r in new:
+            self.prefix_cache.store(r.prompt, self.cache, r.row, len(r.prompt))
+        return self._settle(pairs, time.perf_counter() - t0,
+                            [len(r.prompt) - n for r, n in zip(new, heads, strict=True)])
 
     def _settle(self, pairs: list[tuple[Request, _Row]], model_s: float,
                 fed: list[int]) -> list[Request]:
@@ -224,4 +231,4 @@ def load_spec_engine(llm: Any, device: torch.device, dtype: torch.dtype,
         fuse_pair(pair)
     llm.model, llm.tokenizer = pair.model, llm.tokenizer or tokenizer
     return SpecEngine(pair, llm.tokenizer, max_batch_size=llm.max_batch_size,
-                      max_model_len=llm.max_model_len)
+                      max_model_len=llm.max_model_len, prefix_cache_mb=llm.prefix_cache_mb)
