@@ -177,7 +177,6 @@ def _dispatch(kind: str) -> Callable[[argparse.Namespace], int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `data`, `score` and `eval` to the `clover` command line."""
-    from clover.tasks.airspace.contract import add_grammar_flag
     from clover.tasks.airspace.data import EVAL_SPLITS
     from clover.tasks.airspace.places import SPLITS
 
@@ -206,6 +205,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a second run's JSONL on the same messages: paired bootstrap of A - B")
     _add_resamples(s)
     s.set_defaults(func=_dispatch("score"))
+
+    _add_eval(subparsers)
+
+
+def _add_eval(subparsers: argparse._SubParsersAction) -> None:
+    from clover.tasks.airspace.contract import add_grammar_flag
+    from clover.tasks.airspace.data import EVAL_SPLITS
 
     e = subparsers.add_parser("eval", help="decode a split with a model and score it")
     e.add_argument("task", choices=sorted(TASKS))
