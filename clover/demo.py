@@ -160,7 +160,6 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
                 tell(0)
             run = run_one(llm, examples, params, cfg.max_turns, regime, on_message=tell)
             scores = _scores(run, examples, counts, name) if _has_truth(cfg, examples) else None
-            runs.setdefault(name, run)
             rows.append({"regime": regime, **summarise(name, path, run, scores)})
             runs[name, regime] = run
         del llm
@@ -176,7 +175,8 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None) -> dict[str, Any
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.map:
-        report["map"] = str(_write_map(runs["diffusion"], out / "map.html", cfg.model))
+        report["map"] = str(_write_map(runs["diffusion", cfg.regimes[0]], out / "map.html",
+                                       cfg.model))
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     report["report"] = str(out / "report.json")
     return report

@@ -17,7 +17,7 @@ diffusion model's commit rule and do not apply here (the drafts' bar is the engi
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from clover.engine.params import SamplingParams
 from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import Request
 from clover.engine.runner import grown
-from clover.engine.speculative import RoutedPair, SelfSpeculative, SpecResult, _Row
+from clover.engine.speculative import RoutedPair, SelfSpeculative, _Row, trimmed
 from clover.engine.stats import EngineStats
 from clover.model.transformer import KVCache
 
@@ -114,24 +114,12 @@ class SpecEngine:
         active = [(r, row) for r, row in self.running.values() if not row.done]
         if active:
             t0 = time.perf_counter()
-            rows = [r.row for r, _ in active]
-            n_mask = [self._n_mask(row) for _, row in active]
-            logits = self.decoder.forward_rows(
-                self.cache, rows, [row.seq[row.c:] + row.spec for _, row in active], n_mask)
-            lengths = self.cache.length_B.clone()
-            for b, (r, row) in enumerate(active):
-                stop = self.stop_ids(r.params)
-                lengths[r.row] = self.decoder._advance(row, logits[b], stop, r.params.max_tokens)
-            self.cache.truncate(lengths)
-            model_s = time.perf_counter() - t0
-            fed = [len(row.seq) - row.c + m for (_, row), m in zip(active, n_mask, strict=True)]
-            done += self._settle(active, model_s, fed)
+            fed = self.decoder.step_rows(self.cache, [r.row for r, _ in active],
+                                         [row for _, row in active],
+                                         [self.stop_ids(r.params) for r, _ in active],
+                                         [r.params.max_tokens for r, _ in active])
+            done += self._settle(active, time.perf_counter() - t0, fed)
         return done
-
-    def _n_mask(self, row: _Row) -> int:
-        if not self.decoder.drafts:
-            return 0
-        return self.decoder._window_end(row.start) - row.start
 
     def _admit(self) -> list[Request]:
         """Prefill waiting requests into free rows (one forward); those already finished."""
@@ -147,22 +135,15 @@ class SpecEngine:
             self.cache = grown(self.cache, self.config, need)
         t0 = time.perf_counter()
         heads = [self.prefix_cache.load(r.prompt, self.cache, r.row) for r in new]
-        first = self.decoder.forward_rows(self.cache, [r.row for r in new],
-                                          [r.prompt[n:] for r, n in zip(new, heads, strict=True)],
-                                          [0] * len(new), last_only=True).argmax(-1).tolist()
-        lengths = self.cache.length_B.clone()
-        pairs = []
-        for r, t in zip(new, first, strict=True):
-            row = _Row(len(r.prompt), list(r.prompt) + [t], [], len(r.prompt),
-                       SpecResult([], 1, 0, Counter()))
-            row.done = t in self.stop_ids(r.params) or r.params.max_tokens <= 1
-            lengths[r.row] = len(r.prompt)
+        states = self.decoder.prefill_rows(self.cache, [r.row for r in new],
+                                           [r.prompt for r in new], heads,
+                                           [self.stop_ids(r.params) for r in new],
+                                           [r.params.max_tokens for r in new])
+        for r, row in zip(new, states, strict=True):
+            r.seq = row.seq  # shared: the request sees each commit without a copy
             self.running[r.request_id] = (r, row)
-            pairs.append((r, row))
-        self.cache.truncate(lengths)
-        for r in new:
             self.prefix_cache.store(r.prompt, self.cache, r.row, len(r.prompt))
-        return self._settle(pairs, time.perf_counter() - t0,
+        return self._settle(list(zip(new, states, strict=True)), time.perf_counter() - t0,
                             [len(r.prompt) - n for r, n in zip(new, heads, strict=True)])
 
     def _settle(self, pairs: list[tuple[Request, _Row]], model_s: float,
@@ -170,7 +151,6 @@ class SpecEngine:
         """After a forward: sync each request with its row, finish the done ones, count."""
         done, generated = [], 0
         for (r, row), n in zip(pairs, fed, strict=True):
-            r.seq = list(row.seq)
             r.stats.forwards, r.stats.steps = row.res.forwards, row.res.forwards
             r.stats.tokens_processed += n
             r.stats.generated_tokens = len(r.seq) - len(r.prompt)
@@ -191,12 +171,9 @@ class SpecEngine:
         return done
 
     def _finish(self, r: Request, reason: str) -> Request:
-        """End a request: its tokens through the first stop token and at most max_tokens (a
-        forward may commit a few past either), its row freed."""
-        out = r.seq[len(r.prompt):]
-        stops = self.stop_ids(r.params)
-        end = next((j + 1 for j, t in enumerate(out) if t in stops), len(out))
-        r.seq = r.prompt + out[:min(end, r.params.max_tokens)]
+        """End a request: its tokens `trimmed` to the first stop and max_tokens, its row freed."""
+        r.seq = r.prompt + trimmed(r.seq[len(r.prompt):], self.stop_ids(r.params),
+                                   r.params.max_tokens)
         r.finish_reason = reason
         r.stats.generated_tokens = len(r.seq) - len(r.prompt)
         r.stats.total_s = time.perf_counter() - r.stats.arrival_s

@@ -273,10 +273,15 @@ class _Row:
         return len(self.seq) + len(self.spec)
 
     def finish(self, stop_ids: set[int], max_tokens: int) -> SpecResult:
-        out = self.seq[self.prompt_len:]
-        stops = [i for i, t in enumerate(out) if t in stop_ids]
-        self.res.ids = out[:stops[0] + 1] if stops else out[:max_tokens]
+        self.res.ids = trimmed(self.seq[self.prompt_len:], stop_ids, max_tokens)
         return self.res
+
+
+def trimmed(out: list[int], stop_ids: set[int], max_tokens: int) -> list[int]:
+    """Generated tokens through the first stop token and at most `max_tokens` (a forward may
+    commit a few past either)."""
+    end = next((j + 1 for j, t in enumerate(out) if t in stop_ids), len(out))
+    return out[:min(end, max_tokens)]
 
 
 class SelfSpeculative:
@@ -311,19 +316,19 @@ class SelfSpeculative:
         device = cache.pos_BS.device
         n_B = [len(c) + m for c, m in zip(clean, n_mask, strict=True)]
         B, L = len(rows), max(n_B)
-        length_B = cache.length_B[rows]
+        length_B, n_B_t = cache.length_B[rows], torch.tensor(n_B, device=device)
         ids = torch.full((B, L), self.mask_id, device=device)
         for b, c in enumerate(clean):
             ids[b, :len(c)] = torch.tensor(c, device=device)
         j_L = torch.arange(L, device=device)
-        valid_BL = j_L[None] < torch.tensor(n_B, device=device)[:, None]
-        num_slots = max(cache.end, int((length_B + torch.tensor(n_B, device=device)).max()))
+        valid_BL = j_L[None] < n_B_t[:, None]
+        num_slots = max(cache.end, int((length_B + n_B_t).max()))
         vis_BLS = torch.zeros(B, L, num_slots, dtype=torch.bool, device=device)
         for b, (n, c, m) in enumerate(zip(length_B.tolist(), clean, n_mask, strict=True)):
             vis_BLS[b, :n_B[b]] = visibility(n, len(c), m, num_slots, device)
         n_clean_B = torch.tensor([len(c) for c in clean], device=device)
         route.mask_BL = (j_L[None] >= n_clean_B[:, None]) & valid_BL
-        last_BL = j_L[None] == torch.tensor(n_B, device=device)[:, None] - 1
+        last_BL = j_L[None] == n_B_t[:, None] - 1
         try:
             out = model(ids, length_B[:, None] + j_L, cache=cache, cache_rows=rows,
                         valid_BL=valid_BL, attn_mask_BLS=vis_BLS,
@@ -347,25 +352,47 @@ class SelfSpeculative:
         dtype = model.embed.weight.dtype
         capacity = max(map(len, prompts)) + max_tokens + 2 * self.block
         cache = KVCache(model.config, len(prompts), capacity, device, dtype)
-        rows = [_Row(len(p), list(p), [], len(p), SpecResult([], 1, 0, Counter()))
-                for p in prompts]
-        first = self.forward_rows(cache, list(range(len(rows))), prompts, [0] * len(rows),
-                                  last_only=True).argmax(-1).tolist()
-        for r, t in zip(rows, first, strict=True):
-            r.seq.append(t)
-            r.done = t in stop_ids or max_tokens <= 1
-        cache.truncate(torch.tensor([r.c for r in rows], device=device))
+        n = len(prompts)
+        rows = self.prefill_rows(cache, list(range(n)), prompts, [0] * n, [stop_ids] * n,
+                                 [max_tokens] * n)
         while active := [i for i, r in enumerate(rows) if not r.done]:
-            n_mask = [self._window_end(rows[i].start) - rows[i].start if self.drafts else 0
-                      for i in active]
-            logits = self.forward_rows(cache, active,
-                                       [rows[i].seq[rows[i].c:] + rows[i].spec for i in active],
-                                       n_mask)
-            lengths = cache.length_B.clone()
-            for b, i in enumerate(active):
-                lengths[i] = self._advance(rows[i], logits[b], stop_ids, max_tokens)
-            cache.truncate(lengths)
+            self.step_rows(cache, active, [rows[i] for i in active], [stop_ids] * len(active),
+                           [max_tokens] * len(active))
         return [r.finish(stop_ids, max_tokens) for r in rows]
+
+    def prefill_rows(self, cache: KVCache, rows: list[int], prompts: list[list[int]],
+                     heads: list[int], stop_ids: list[set[int]],
+                     max_tokens: list[int]) -> list[_Row]:
+        """One forward over the prompts (all but the first `heads[b]` tokens, already in cache
+        row `rows[b]`), which writes each one's first token: their decoding states."""
+        clean = [p[n:] for p, n in zip(prompts, heads, strict=True)]
+        first = self.forward_rows(cache, rows, clean, [0] * len(rows),
+                                  last_only=True).argmax(-1).tolist()
+        states, lengths = [], cache.length_B.clone()
+        for row, p, t, stop, most in zip(rows, prompts, first, stop_ids, max_tokens, strict=True):
+            state = _Row(len(p), list(p) + [t], [], len(p), SpecResult([], 1, 0, Counter()))
+            state.done = t in stop or most <= 1
+            lengths[row] = len(p)
+            states.append(state)
+        cache.truncate(lengths)
+        return states
+
+    def step_rows(self, cache: KVCache, rows: list[int], states: list[_Row],
+                  stop_ids: list[set[int]], max_tokens: list[int]) -> list[int]:
+        """One forward over sequences `states` in cache rows `rows`: check each one's drafts,
+        commit, draft anew. The tokens each row fed (clean + mask)."""
+        n_mask = [self.n_mask(r) for r in states]
+        clean = [r.seq[r.c:] + r.spec for r in states]
+        logits = self.forward_rows(cache, rows, clean, n_mask)
+        lengths = cache.length_B.clone()
+        for b, (row, r) in enumerate(zip(rows, states, strict=True)):
+            lengths[row] = self._advance(r, logits[b], stop_ids[b], max_tokens[b])
+        cache.truncate(lengths)
+        return [len(c) + m for c, m in zip(clean, n_mask, strict=True)]
+
+    def n_mask(self, r: _Row) -> int:
+        """Mask rows of row r's next forward: to its block's end (or its draft cap)."""
+        return self._window_end(r.start) - r.start if self.drafts else 0
 
     def _advance(self, r: _Row, logits: Tensor, stop_ids: set[int], max_tokens: int) -> int:
         """Check row r's drafts against this forward's clean rows, commit, draft anew; the
