@@ -4,6 +4,7 @@ sweep through the command line. Tiny random models: no timing or quality is asse
 import contextlib
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -452,3 +453,45 @@ def test_summarise_takes_medians_and_keeps_the_first_repeats_interval():
     out = harness.summarise(Point("ar", "fp32", 1), rows, peak_flops=0.0)
     assert out["full_task_s"] == 3.0 and out["spread"]["full_task_s"] == [2.0, 4.0]
     assert out["zone_f1_ci95"] == [0.3, 0.7] and out["same_output_every_repeat"]
+
+
+def test_a_drafter_adds_a_self_speculative_point_with_the_twins_answers(tmp_path, capsys):
+    """--draft: per (precision, batch) a third point, the AR twin checking the drafter's tokens,
+    run beside AR's: the same answers (greedy, the twin's), its own forwards counted by the probe
+    (clean and mask rows: more than one token a forward), a ratio against AR and a line in the
+    report. Tiny dense models (the pair routes plain linears); the drafter shares the twin's
+    weights (same seed), so some drafts pass."""
+    from clover.checkpoint import load
+
+    ar_dir, dllm_dir = _model_dirs(tmp_path, 4096)[1], _model_dirs(tmp_path / "d", 4096)[0]
+    _, tok = load(ar_dir)
+    dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0, max_seq_len=4096,
+                 vocab_size=640)
+    ar = str(save(build_model(get_preset("tiny", attention="causal", block_size=1, **dense),
+                              seed=0), tok, tmp_path / "ar-dense"))
+    draft = str(save(build_model(get_preset("tiny", shift_logits=True, **dense), seed=0), tok,
+                     tmp_path / "draft"))
+    argv = ["bench", "airspace", "--model", dllm_dir, "--ar-model", ar, "--draft", draft,
+            "--n", "2", "--policies", "threshold", "--taus", "0.9", "--block-sizes", "0",
+            "--batch-sizes", "1,2", "--precisions", "fp32", "--repeats", "1", "--max-tokens",
+            "12", "--max-turns", "1", "--out", str(tmp_path / "out"), "--no-progress"]
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        assert main(argv) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    points = result["points"]
+    assert [p["role"] for p in points] == ["ar", "spec", "dllm"] * 2
+    for ar_p, spec in zip(points[0::3], points[1::3], strict=True):
+        assert spec["setting"] == "AR + drafter" and spec["batch_size"] == ar_p["batch_size"]
+        assert spec["generated_tokens"] == ar_p["generated_tokens"] > 0
+        assert spec["zone_f1"] == ar_p["zone_f1"]
+        assert spec["tokens_per_forward"] > 1 and spec["flops"] > 0
+        assert spec["speedup_vs_ar"] > 0 and "predicted_speedup_vs_ar" not in spec
+    assert result["models"]["spec"]["path"] == draft
+    assert "AR + drafter" in stdout.getvalue()
+    assert "AR + drafter (TPF" in (tmp_path / "out" / "report.md").read_text()
+    for extra, match in ((["--no-ar"], "--draft needs --ar-model"),
+                         (["--grammar"], "--draft self-speculative decoding has no grammar")):
+        assert main(argv[:-3] + extra + ["--no-plots"]) == 2
+        assert match in capsys.readouterr().err
+    assert main([a if a != draft else ar for a in argv]) == 2
+    assert re.search("--draft .*not a block-diffusion model", capsys.readouterr().err)

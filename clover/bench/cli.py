@@ -42,7 +42,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     fields = {k: getattr(args, k) for k in (
         "model", "messages", "n", "split", "seed", "policies", "taus", "steps", "gammas",
         "block_sizes", "batch_sizes", "repeats", "max_tokens", "max_turns", "device", "threads",
-        "out", "name", "llama_bench")}
+        "out", "name", "llama_bench", "draft")}
     fields["ar_model"] = "" if args.no_ar else args.ar_model
     return make_config(args.quick, task=args.task, precisions=precisions,
                        grammar=args.grammar, compile=args.compile, **fields)
@@ -111,10 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("task", nargs="?", default="airspace", choices=(*TASKS, "forward"))
     p.add_argument("--quick", action="store_true",
                    help="a few points on 24 messages (under 10 minutes on 2 CPU cores)")
-    p.add_argument("--model", default=None, help=f"diffusion model directory ({DEFAULT_MODEL})")
-    p.add_argument("--ar-model", default=None,
-                   help=f"its AR twin, decoded under the same conditions ({DEFAULT_AR_MODEL})")
-    p.add_argument("--no-ar", action="store_true", help="skip the AR twin")
+    _model_flags(p)
     p.add_argument("--messages", default=None, metavar="JSONL",
                    help="prompt file instead of the split (one {id, text, zones?} per line)")
     p.add_argument("--n", type=int, default=None, help=f"messages (full {d.n}, quick 16)")
@@ -160,6 +157,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.set_defaults(func=_bench)
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """Which models run: the diffusion model, its AR twin, the twin's drafter."""
+    p.add_argument("--model", default=None, help=f"diffusion model directory ({DEFAULT_MODEL})")
+    p.add_argument("--ar-model", default=None,
+                   help=f"its AR twin, decoded under the same conditions ({DEFAULT_AR_MODEL})")
+    p.add_argument("--no-ar", action="store_true", help="skip the AR twin")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="a drafter adapter for the AR twin (e.g. models/clover-smol-draft): a "
+                        "self-speculative point (the twin's greedy answers, fewer forwards) "
+                        "beside AR's at each precision and batch size")
 
 
 def _forward_flags(p: argparse.ArgumentParser) -> None:

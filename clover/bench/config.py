@@ -2,7 +2,8 @@
 
 A point is one decoding setting of one model: (model, precision, policy + knob, block size,
 batch size). The diffusion model gets the full product; its AR twin gets one point per
-(precision, batch size), since policy, knob and block size mean nothing at one token per block.
+(precision, batch size), since policy, knob and block size mean nothing at one token per block;
+so does the twin with a drafter (`--draft`: self-speculative, the twin's own greedy answers).
 Points run grouped by (precision, batch size), the AR point beside its diffusion points, so each
 speed ratio compares runs made moments apart. Flags map one-to-one to fields; errors name the flag.
 """
@@ -37,6 +38,7 @@ class BenchConfig:
     task: str = "airspace"
     model: str = DEFAULT_MODEL
     ar_model: str = DEFAULT_AR_MODEL  # "": no AR twin
+    draft: str = ""  # a drafter adapter for the AR twin: a self-speculative point beside AR's
     messages: str | None = None  # a JSONL prompt file (airspace external form) instead of a split
     n: int = 32
     split: str = "test"
@@ -83,6 +85,11 @@ class BenchConfig:
             (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
             (self.max_turns >= 1, "max_turns", "must be >= 1"),
             (self.threads >= 0, "threads", "must be >= 0"),
+            (not self.draft or bool(self.ar_model), "draft", "needs --ar-model (the drafter "
+             "drafts for the AR twin)"),
+            (not self.draft or not self.grammar, "draft", "self-speculative decoding has no "
+             "grammar: drop --grammar"),
+            (not self.draft or not self.compile, "draft", "is not supported with --compile"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -116,7 +123,7 @@ def make_config(quick: bool = False, **given: Any) -> BenchConfig:
 
 @dataclass(frozen=True)
 class Point:
-    role: str  # "dllm" | "ar"
+    role: str  # "dllm" | "ar" | "spec" (the AR twin checking a drafter's tokens)
     precision: str
     batch_size: int
     policy: str = "ar"
@@ -127,14 +134,14 @@ class Point:
     @property
     def setting(self) -> str:
         """The decoding setting in words, e.g. `threshold tau=0.9`."""
-        if self.role == "ar":
-            return "AR"
+        if self.role != "dllm":
+            return {"ar": "AR", "spec": "AR + drafter"}[self.role]
         value = int(self.value) if self.knob == "steps_per_block" else self.value
         return f"{self.policy} {KNOB_LABEL[self.knob]}={value}"
 
     @property
     def key(self) -> str:
-        block = "" if self.role == "ar" else f" block={self.block_size}"
+        block = "" if self.role != "dllm" else f" block={self.block_size}"
         return f"{self.role} {self.precision} {self.setting}{block} batch={self.batch_size}"
 
     def params(self, cfg: BenchConfig, full_attention: bool) -> SamplingParams:
@@ -152,12 +159,15 @@ def knob_values(cfg: BenchConfig, policy: str) -> tuple[float, ...]:
 
 
 def grid(cfg: BenchConfig, model_block: int, with_ar: bool) -> list[list[Point]]:
-    """Groups of points, one per (precision, batch size): the AR point first, then the dLLM's."""
+    """Groups of points, one per (precision, batch size): the AR point first, then the
+    self-speculative one (with `draft`), then the dLLM's."""
     blocks = list(dict.fromkeys(b or model_block for b in cfg.block_sizes))
     groups = []
     for precision in cfg.precisions:
         for batch in cfg.batch_sizes:
             group = [Point("ar", precision, batch)] if with_ar else []
+            if with_ar and cfg.draft:
+                group.append(Point("spec", precision, batch, policy="drafter"))
             group += [Point("dllm", precision, batch, policy, KNOBS[policy], float(v), block)
                       for policy in cfg.policies for v in knob_values(cfg, policy)
                       for block in blocks]

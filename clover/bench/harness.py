@@ -75,6 +75,19 @@ def check_inputs(cfg: BenchConfig) -> None:
         require_torchao("--precisions")
     if cfg.llama_bench and not os.access(cfg.llama_bench, os.X_OK):
         raise ValueError(f"--llama-bench {cfg.llama_bench}: not an executable file")
+    if cfg.draft:
+        _check_draft(cfg)
+
+
+def _check_draft(cfg: BenchConfig) -> None:
+    """The drafter: a block-diffusion model directory (over the AR twin's base)."""
+    from clover.checkpoint import load_config
+
+    if not Path(cfg.draft, "config.json").is_file():
+        raise ValueError(f"--draft {cfg.draft}: not a model directory (no config.json)")
+    if load_config(cfg.draft).attention != "block":
+        raise ValueError(f"--draft {cfg.draft}: not a block-diffusion model (a drafter drafts "
+                         f"a block at a time)")
 
 
 def load_examples(cfg: BenchConfig) -> list:
@@ -91,10 +104,12 @@ class Loaded:
     model: CloverModel
     tokenizer: Any
     weights: WeightReport
+    pair: Any = None  # role "spec": the RoutedPair (the AR twin routing the drafter's rows)
 
 
 class Models:
-    """Each (role, precision) loaded once, when first needed."""
+    """Each (role, precision) loaded once, when first needed ("spec": the AR twin and the
+    drafter as one pair, as `LLM(draft=)` loads them)."""
 
     def __init__(self, paths: dict[str, str], device: torch.device) -> None:
         self.paths, self.device = paths, device
@@ -102,7 +117,15 @@ class Models:
 
     def get(self, role: str, precision: str) -> Loaded:
         key = (role, precision)
-        if key not in self.loaded:
+        if key in self.loaded:
+            return self.loaded[key]
+        if role == "spec":
+            from clover.engine.spec_engine import spec_pair
+
+            pair, tok = spec_pair(self.paths["ar"], self.paths["spec"], self.device,
+                                  activation_dtype(precision, self.device), precision == "int8")
+            self.loaded[key] = Loaded(pair.model, tok, weight_report(pair.model), pair)
+        else:
             model, tok = load_at(self.paths[role], precision, self.device)
             self.loaded[key] = Loaded(model, tok, weight_report(model))
         return self.loaded[key]
@@ -130,9 +153,9 @@ def measure(point: Point, loaded: Loaded, examples: list, cfg: BenchConfig,
     if point.role == "dllm":
         model = with_block_size(model, point.block_size)
     need = min(context_need(loaded.tokenizer, examples, cfg), model.config.max_seq_len)
-    llm = LLM(model, tokenizer=loaded.tokenizer, device=str(device),
-              dtype=activation_dtype(point.precision, device), max_batch_size=point.batch_size,
-              compile=cfg.compile)
+    llm = LLM(cfg.ar_model if loaded.pair else model, tokenizer=loaded.tokenizer,
+              device=str(device), dtype=activation_dtype(point.precision, device),
+              max_batch_size=point.batch_size, compile=cfg.compile, draft=loaded.pair)
     params = point.params(cfg, model.config.attention == "full")
     if cfg.grammar:
         params = params.replace(structured=tool_constraint())
@@ -203,7 +226,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     examples = load_examples(cfg)
     scored = not cfg.messages or any(e.zones or e.cancels for e in examples)
-    paths = {"dllm": cfg.model, **({"ar": cfg.ar_model} if cfg.ar_model else {})}
+    paths = {"dllm": cfg.model, **({"ar": cfg.ar_model} if cfg.ar_model else {}),
+             **({"spec": cfg.draft} if cfg.ar_model and cfg.draft else {})}
     models = Models(paths, device)
     from clover.checkpoint import load_config
 
@@ -303,7 +327,7 @@ def _add_predicted(points: list[dict], groups: list[list[Point]], models: Models
         ar = next((by_key[p.key] for p in group if p.role == "ar"), None)
         for p in group:
             d = by_key[p.key]
-            if ar is None or p.role == "ar" or not (d.get("tpf") and ar.get("tpf")
+            if ar is None or p.role != "dllm" or not (d.get("tpf") and ar.get("tpf")
                                                     and ar.get("generated_tokens")):
                 continue
             key = (p.precision, p.batch_size, p.block_size)

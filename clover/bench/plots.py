@@ -84,6 +84,9 @@ def quality_vs_tpf(points: list[dict]):
         if p["batch_size"] == smallest and p["role"] == "ar":
             ax.plot(p["tpf"], p["zone_f1"], "*", color=_ar_color(p, points), markersize=13,
                     label=f"AR {p['precision']}")
+        if p["batch_size"] == smallest and p["role"] == "spec":
+            ax.plot(p["tpf"], p["zone_f1"], "D", color=_ar_color(p, points), markersize=8,
+                    label=f"AR + drafter {p['precision']}")
     ax.legend(fontsize=8)
     return fig
 
@@ -127,11 +130,12 @@ def tps_vs_batch(points: list[dict]):
     first_block = next((p["block_size"] for p in points if p["role"] == "dllm"), None)
     lines = defaultdict(list)
     for p in points:
-        if p["role"] == "ar" or p["block_size"] == first_block:
-            lines[(p["role"] != "ar", p["precision"], p["setting"])].append(p)
-    for (is_dllm, precision, setting), pts in sorted(lines.items()):
+        if p["role"] != "dllm" or p["block_size"] == first_block:
+            lines[(p["role"], p["precision"], p["setting"])].append(p)
+    for (role, precision, setting), pts in sorted(lines.items()):
         pts.sort(key=lambda p: p["batch_size"])
-        style = {} if is_dllm else {"color": "k", "lw": 2.5, "ls": "--"}
+        style = {"ar": {"color": "k", "lw": 2.5, "ls": "--"},
+                 "spec": {"color": "k", "lw": 1.5, "ls": ":"}}.get(role, {})
         ax.plot([p["batch_size"] for p in pts], [p["tps"] for p in pts], marker="o",
                 label=f"{precision} {setting}", **style)
     batches = sorted({p["batch_size"] for p in points})

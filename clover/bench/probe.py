@@ -1,6 +1,7 @@
 """Measurements beside the engine's own stats: FLOPs per forward, peak memory, matmul peak.
 
-`ForwardProbe` wraps one engine's `runner.run` (the only code that touches the device) to count
+`ForwardProbe` wraps one engine's `runner.run` (the only code that touches the device; a
+`SpecEngine`'s `decoder.forward_rows`) to count
 the useful FLOPs of every forward (2 x active matmul parameters x tokens, the LM head at the
 positions that need logits, attention over the keys each token may see) and to sample resident
 memory after it. `matmul_peak` measures this machine's dense matmul FLOP/s in a given dtype, so a
@@ -59,8 +60,28 @@ class ForwardProbe:
 
     def __init__(self, engine: Engine) -> None:
         self.count = ForwardCount()
+        decoder = getattr(engine, "decoder", None)  # a SpecEngine: the pair's forwards
+        if decoder is not None:
+            self._rows = decoder.forward_rows
+            decoder.forward_rows = self._counted_rows
+            return
         self._run = engine.runner.run
         engine.runner.run = self._counted
+
+    def _counted_rows(self, cache, rows, clean, n_mask, last_only=False):
+        """A self-speculative forward: each row's clean tokens then its masks (every position
+        gets logits unless `last_only`); a token sees the row's cache and the row's input."""
+        starts = cache.length_B[rows].tolist()
+        out = self._rows(cache, rows, clean, n_mask, last_only)
+        c = self.count
+        c.forwards += 1
+        for start, tokens, m in zip(starts, clean, n_mask, strict=True):
+            n = len(tokens) + m
+            c.tokens += n
+            c.logits += 1 if last_only else n
+            c.attended += n * (start + n)
+        c.peak_rss_bytes = max(c.peak_rss_bytes, current_rss())
+        return out
 
     def _counted(self, batch):
         out = self._run(batch)

@@ -107,18 +107,21 @@ def markdown_table(points: list[dict]) -> str:
 
 
 def _best(points: list[dict]) -> list[str]:
-    """Per (precision, batch): the fastest dLLM point against AR, with both qualities."""
+    """Per (precision, batch): the fastest dLLM point against AR, and the AR twin with its
+    drafter (`--draft`), each with both qualities."""
     out = []
     for ar in (p for p in points if p["role"] == "ar"):
-        mates = [p for p in points if p["role"] == "dllm" and p["precision"] == ar["precision"]
+        mates = [p for p in points if p["precision"] == ar["precision"]
                  and p["batch_size"] == ar["batch_size"] and p.get("speedup_vs_ar")]
-        if not mates:
-            continue
-        best = max(mates, key=lambda p: p["speedup_vs_ar"])
-        out.append(f"- {ar['precision']}, batch {ar['batch_size']}: {best['setting']} (block "
-                   f"{best['block_size']}) is {best['speedup_vs_ar']:.2f}x AR's full task time "
-                   f"({best['full_task_s']:.1f} s vs {ar['full_task_s']:.1f} s), zone F1 "
-                   f"{_num(best.get('zone_f1'))} vs AR {_num(ar.get('zone_f1'))}")
+        dllm = [p for p in mates if p["role"] == "dllm"]
+        best = [max(dllm, key=lambda p: p["speedup_vs_ar"])] if dllm else []
+        for p in best + [p for p in mates if p["role"] == "spec"]:
+            what = (f"{p['setting']} (block {p['block_size']})" if p["role"] == "dllm"
+                    else f"{p['setting']} (TPF {p['tpf']:.2f})")
+            out.append(f"- {ar['precision']}, batch {ar['batch_size']}: {what} is "
+                       f"{p['speedup_vs_ar']:.2f}x AR's full task time ({p['full_task_s']:.1f} s "
+                       f"vs {ar['full_task_s']:.1f} s), zone F1 {_num(p.get('zone_f1'))} vs AR "
+                       f"{_num(ar.get('zone_f1'))}")
     return out
 
 

@@ -353,7 +353,7 @@ class LLM:
     max_model_len: int | None = None
     prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
     compile: bool = False  # cached forwards as one compiled graph (clover/model/compiled.py)
-    draft: str | Path | None = None  # a drafter adapter: self-speculative decoding (greedy)
+    draft: Any = None  # a drafter adapter dir (or a loaded RoutedPair): self-speculative, greedy
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:

@@ -61,6 +61,12 @@ class SpecEngine:
         `cache`) is its own."""
         return self
 
+    def ensure_capacity(self, capacity: int) -> None:
+        """Grow every row's slot count to at least `capacity`, keeping what is cached (a
+        benchmark sizes the cache up front: growing it mid-run copies it)."""
+        if capacity > self.cache.capacity:
+            self.cache = grown(self.cache, self.config, capacity)
+
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, constraint: Any = None) -> Request:
@@ -130,9 +136,8 @@ class SpecEngine:
             new.append(r)
         if not new:
             return []
-        need = max(len(r.prompt) + r.params.max_tokens for r in new) + 2 * self.decoder.block
-        if need > self.cache.capacity:
-            self.cache = grown(self.cache, self.config, need)
+        self.ensure_capacity(max(len(r.prompt) + r.params.max_tokens for r in new)
+                             + 2 * self.decoder.block)
         t0 = time.perf_counter()
         heads = [self.prefix_cache.load(r.prompt, self.cache, r.row) for r in new]
         states = self.decoder.prefill_rows(self.cache, [r.row for r in new],
@@ -185,27 +190,41 @@ class SpecEngine:
 
 def load_spec_engine(llm: Any, device: torch.device, dtype: torch.dtype,
                      int8: bool) -> SpecEngine:
-    """`LLM(model, draft=...)`: the pair of two adapter directories over one base (`load_pair`,
-    the drafter as a low-rank difference), on the engine's fused paths (int8: torchao weights,
-    unfused). Sets the LLM's model and tokenizer."""
+    """`LLM(model, draft=...)`: the pair of two adapter directories over one base (`spec_pair`),
+    or a pair the caller loaded (`draft` a `RoutedPair`: a benchmark loads it once for many
+    engines). Sets the LLM's model and tokenizer."""
     from pathlib import Path
-
-    from clover.engine.speculative import fuse_pair, load_pair
 
     if isinstance(llm.model, torch.nn.Module) or not Path(llm.model).is_dir():
         raise ValueError(f"draft={llm.draft!r} needs the AR model as an adapter directory "
                          f"(got model={llm.model!r})")
-    if not Path(llm.draft).is_dir():
-        raise ValueError(f"draft={llm.draft!r}: no such model directory")
     if llm.compile:
         raise ValueError("compile=True is not supported with a drafter (draft=...)")
-    pair, tokenizer = load_pair(str(llm.model), str(llm.draft), device=device, dtype=dtype)
+    if isinstance(llm.draft, RoutedPair):
+        pair, tokenizer = llm.draft, None
+    else:
+        pair, tokenizer = spec_pair(str(llm.model), str(llm.draft), device, dtype, int8)
+    llm.model, llm.tokenizer = pair.model, llm.tokenizer or tokenizer
+    return SpecEngine(pair, llm.tokenizer, max_batch_size=llm.max_batch_size,
+                      max_model_len=llm.max_model_len, prefix_cache_mb=llm.prefix_cache_mb)
+
+
+def spec_pair(ar_dir: str, draft_dir: str, device: torch.device, dtype: torch.dtype,
+              int8: bool = False) -> tuple[RoutedPair, Any]:
+    """(pair, the AR model's tokenizer) as `LLM(draft=)` decodes with it: `load_pair` (the
+    drafter as a low-rank difference), on the engine's fused paths (int8: torchao weights,
+    unfused)."""
+    from pathlib import Path
+
+    from clover.engine.speculative import fuse_pair, load_pair
+
+    if not Path(draft_dir).is_dir():
+        raise ValueError(f"draft={draft_dir!r}: no such model directory")
+    pair, tokenizer = load_pair(ar_dir, draft_dir, device=device, dtype=dtype)
     if int8:
         from clover.bench.quant import quantize_int8
 
         quantize_int8(pair.model)
     elif pair.low_rank:
         fuse_pair(pair)
-    llm.model, llm.tokenizer = pair.model, llm.tokenizer or tokenizer
-    return SpecEngine(pair, llm.tokenizer, max_batch_size=llm.max_batch_size,
-                      max_model_len=llm.max_model_len, prefix_cache_mb=llm.prefix_cache_mb)
+    return pair, tokenizer
