@@ -206,11 +206,53 @@ def test_fused_pair_packs_only_where_the_cpu_can(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def _counting(fast, calls: list):
-    def call(x):
-        calls.append(fast(x))
-        return calls[-1]
-    return call
+class _counting:
+    """A `FastLinear` that records what each call returned (`calls`), and which of its two
+    entries ran (`kinds`: "all" rows or the "first" rows)."""
+
+    def __init__(self, fast, calls: list, kinds: list | None = None) -> None:
+        self.fast, self.calls, self.kinds = fast, calls, kinds if kinds is not None else []
+
+    def __call__(self, x):
+        self.calls.append(self.fast(x))
+        self.kinds.append("all")
+        return self.calls[-1]
+
+    def first_rows(self, x, n):
+        out = self.fast.first_rows(x, n)
+        if out is not None:
+            self.calls.append(out)
+            self.kinds.append("first")
+        return out
+
+
+def test_a_prefill_reads_only_the_ar_rows_of_the_fused_weights(monkeypatch):
+    """With no mask row (a prefill) and an input the prepacked weight would not take (here: no
+    packing), each fused linear reads only the AR model's rows ([W; down]'s first rows, no down
+    factors) and the logits are the unfused pair's; a forward with mask rows reads them all."""
+    from clover.engine import speculative
+
+    monkeypatch.setattr(speculative, "packing_supported", lambda dtype: False)
+    models, factors, lora = _two_adapters()
+    pair = pair_models(models["draft"], models["ar"])
+    _low_rank(pair, (lora, factors["ar"]), (lora, factors["draft"]))
+    dec = SelfSpeculative(pair)
+    prompt = list(range(5, 19))
+    want = [dec.forward(KVCache(pair.model.config, 1, 32), prompt, m) for m in (0, 3)]
+    fuse_pair(pair)
+    calls, kinds = [], []
+    for layer in pair.model.layers:
+        for name in ("qkv_fast", "o_fast"):
+            fast = getattr(layer.attn, name)
+            fast.both = _counting(fast.both, calls, kinds)
+        for name in ("gate_up_fast", "down_fast"):
+            fast = getattr(layer.ffn, name)
+            fast.both = _counting(fast.both, calls, kinds)
+    for m, w in zip((0, 3), want, strict=True):
+        kinds.clear()
+        got = dec.forward(KVCache(pair.model.config, 1, 32), prompt, m)
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-4)
+        assert kinds == ["first" if m == 0 else "all"] * 4 * len(pair.model.layers)
 
 
 def test_stops_at_a_stop_token():

@@ -89,8 +89,9 @@ class RoutedFast:
     on a CPU that allows it: `FastLinear`) computes the AR model's outputs and the drafter's
     low-rank inputs together on every row ([W_ar; down], the down factors side by side); then
     each linear's up factor adds its part on mask rows only (the other rows' inputs zeroed: no
-    row gathering). None, like `FastLinear`, when the reference linears must run (autograd, a
-    changed weight). It keeps its own fused weights (plain and, where packed, prepacked): memory
+    row gathering). With no mask row and an input the prepacked weight would not take (a long
+    prefill) only the AR rows of the fused weight are read. None, like `FastLinear`, when the
+    reference linears must run (autograd, a changed weight). It keeps its own fused weights (plain and, where packed, prepacked): memory
     for speed, as a benchmark may spend."""
 
     def __init__(self, holder: nn.Module, names: tuple[str, ...], routed: list[LowRankRouted],
@@ -107,11 +108,15 @@ class RoutedFast:
         self.out_dim, self.route = weight_OI.shape[0], route
 
     def __call__(self, x: Tensor) -> Tensor | None:
+        m = self.route.mask_BL
+        if m is None or not bool(m.any()):  # a prefill: no down factors to compute
+            clean = self.both.first_rows(x, self.out_dim)
+            if clean is not None:
+                return clean
         y = self.both(x)
         if y is None:
             return None
         out = y[..., :self.out_dim].contiguous()
-        m = self.route.mask_BL
         if m is None or not bool(m.any()):
             return out
         low = y[..., self.out_dim:] * m[..., None].to(y.dtype)

@@ -105,6 +105,16 @@ class FastLinear:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias_O, "none", [], "")
         return F.linear(x, self.weight_OI, self.bias_O)
 
+    def first_rows(self, x: Tensor, n: int) -> Tensor | None:
+        """Only the first `n` outputs, x @ weight[:n].T + bias[:n], from the plain weight's first
+        rows (a view: no copy), where the prepacked weight would not be used anyway (an input
+        over `max_packed`, or none kept); else, or when the reference layers must run, None."""
+        if self.packed is not None and x.numel() <= self.max_packed:
+            return None
+        if torch.is_grad_enabled() or self._identity() != self._state:
+            return None
+        return F.linear(x, self.weight_OI[:n], None if self.bias_O is None else self.bias_O[:n])
+
     def _identity(self) -> tuple | None:
         """Which modules and parameter versions the fused (and packed) weights were built from."""
         if any(getattr(self.owner, n) is not m
