@@ -199,3 +199,31 @@ def test_version_flag_prints_the_package_version(capsys):
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"clover {clover.__version__}"
+
+
+def test_draft_prints_the_ar_models_greedy_text_and_refuses_what_it_cannot_do(capsys, tmp_path):
+    """--draft DIR: the AR --model checks a drafter's tokens (self-speculative): the text is the
+    AR model's own greedy text, in fewer forwards. Tiny dense models (the pair routes plain
+    linears); the drafter is a shifted block model with the AR model's seed, so drafts pass."""
+    texts = [f"the quick brown fox {i} jumps over the lazy dog number {i}" for i in range(200)]
+    tok = train_tokenizer(texts, vocab_size=512)
+    dense = dict(qk_norm=False, num_experts=0, num_dense_layers=0)
+    ar = str(save(build_model(get_preset("tiny", attention="causal", block_size=1, **dense),
+                              seed=0), tok, tmp_path / "ar"))
+    draft = str(save(build_model(get_preset("tiny", shift_logits=True, **dense), seed=0), tok,
+                     tmp_path / "draft"))
+    flags = ["--prompt", "the quick brown", "--max-tokens", "24", "--ignore-eos",
+             "--device", "cpu", "--dtype", "float32", "--json"]
+    rc, out, _ = _run(capsys, "generate", "--model", ar, *flags)
+    alone = json.loads(out)
+    rc2, out, _ = _run(capsys, "generate", "--model", ar, "--draft", draft, *flags)
+    paired = json.loads(out)
+    assert rc == rc2 == 0 and paired["token_ids"] == alone["token_ids"]
+    assert len(paired["token_ids"]) == 24 and paired["stats"]["forwards"] < 24
+    for argv, why in ((["--draft", str(tmp_path / "none")], "is not a model directory"),
+                      (["--draft", draft, "--show-steps"], "drop --show-steps"),
+                      (["--draft", draft, "--compile"], "not supported with --compile")):
+        rc, _, err = _run(capsys, "generate", "--model", ar, *argv, *flags)
+        assert rc == 2 and "--draft" in err and why in err
+    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--draft", draft, *flags)
+    assert rc == 2 and "--model to be the AR model's directory" in err

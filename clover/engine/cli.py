@@ -32,8 +32,25 @@ def load_llm(args: argparse.Namespace):
                          "nor a model directory")
     if args.model in PRESETS:
         print(f"note: preset {args.model!r} has random weights", file=sys.stderr)
+    draft = getattr(args, "draft", None)
+    if draft is not None:
+        _check_draft(args)
     return LLM(args.model, device=args.device, dtype=cli_dtype(args.dtype, args.device),
-               compile=args.compile)
+               compile=args.compile, draft=draft)
+
+
+def _check_draft(args: argparse.Namespace) -> None:
+    """--draft: a drafter directory for an AR model directory, greedy, eager, no step view."""
+    refused = [(not Path(args.draft, "config.json").is_file(), "is not a model directory (no "
+                "config.json)"),
+               (not Path(args.model).is_dir(), f"needs --model to be the AR model's directory "
+                f"(got {args.model!r})"),
+               (args.compile, "is not supported with --compile"),
+               (getattr(args, "show_steps", False), "has no denoising steps to show: drop "
+                "--show-steps")]
+    for bad, why in refused:
+        if bad:
+            raise ValueError(f"--draft {args.draft} {why}")
 
 
 def _parse_ids(text: str, vocab_size: int) -> list[int]:
@@ -193,6 +210,10 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="cached forwards of a dense model as one compiled graph (torch.compile; "
                         "worth its 3-5 minutes of compiling only for long jobs)")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="a drafter adapter for the AR --model (e.g. models/clover-smol-draft): "
+                        "self-speculative decoding, the AR model's greedy output in fewer "
+                        "forwards (temperature 0; no --structured)")
     add_sampling_flags(p)
 
 

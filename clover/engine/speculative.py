@@ -90,9 +90,10 @@ class RoutedFast:
     low-rank inputs together on every row ([W_ar; down], the down factors side by side); then
     each linear's up factor adds its part on mask rows only (the other rows' inputs zeroed: no
     row gathering). With no mask row and an input the prepacked weight would not take (a long
-    prefill) only the AR rows of the fused weight are read. None, like `FastLinear`, when the
-    reference linears must run (autograd, a changed weight). It keeps its own fused weights (plain and, where packed, prepacked): memory
-    for speed, as a benchmark may spend."""
+    prefill) only the AR rows of the fused weight are read (shorter inputs: the prepacked read
+    of all rows was faster, 8-160 tokens, session 47). None, like `FastLinear`, when the
+    reference linears must run (autograd, a changed weight). It keeps its own fused weights
+    (plain and, where packed, prepacked): memory for speed, as a benchmark may spend."""
 
     def __init__(self, holder: nn.Module, names: tuple[str, ...], routed: list[LowRankRouted],
                  route: Route, pack: bool) -> None:
@@ -340,7 +341,10 @@ class SelfSpeculative:
                         logits_mask_BL=last_BL if last_only else None)
         finally:
             route.mask_BL = None
-        return out.logits[..., :self.pair.vocab].float()
+        logits = out.logits[..., :self.pair.vocab].float()
+        if self.mask_id is not None and self.mask_id < self.pair.vocab:
+            logits[..., self.mask_id] = float("-inf")  # as the engine's sampler: never an output
+        return logits
 
     def generate(self, prompt: list[int], max_tokens: int, stop_ids: set[int]) -> SpecResult:
         return self.generate_batch([prompt], max_tokens, stop_ids)[0]
