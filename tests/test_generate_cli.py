@@ -220,6 +220,9 @@ def test_draft_prints_the_ar_models_greedy_text_and_refuses_what_it_cannot_do(ca
     paired = json.loads(out)
     assert rc == rc2 == 0 and paired["token_ids"] == alone["token_ids"]
     assert len(paired["token_ids"]) == 24 and paired["stats"]["forwards"] < 24
+    stats = paired["stats"]  # each accepted draft saved a forward (the prefill wrote token 1)
+    assert stats["draft_tokens"] >= stats["accepted_tokens"] == 24 - stats["forwards"]
+    assert "draft_tokens" not in alone["stats"]
     for argv, why in ((["--draft", str(tmp_path / "none")], "is not a model directory"),
                       (["--draft", draft, "--show-steps"], "drop --show-steps"),
                       (["--draft", draft, "--compile"], "not supported with --compile")):

@@ -153,5 +153,25 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
             with pytest.raises(openai.BadRequestError, match="temperature"):
                 client.completions.create(model="ar", prompt=prompt, max_tokens=4,
                                           temperature=0.8)
+            metrics = _metrics(url)
     finally:
         server.close()
+    # the finished requests' drafts as the engine counted them (vLLM's spec_decode counters;
+    # these random adapters rarely agree, so few or none are accepted)
+    m = server.metrics
+    assert m.draft_tokens > 0 and m.draft_tokens >= m.accepted_tokens
+    assert metrics["clover_spec_decode_draft_tokens_total"] == m.draft_tokens
+    assert metrics["clover_spec_decode_accepted_tokens_total"] == m.accepted_tokens
+    assert metrics["clover_spec_decode_acceptance_rate"] == pytest.approx(
+        m.accepted_tokens / m.draft_tokens)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """/metrics' samples of the served model, by name."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.labels.get("model")}

@@ -24,6 +24,8 @@ class RequestStats:
     first_block_s: float | None = None  # time to first committed block, from arrival
     total_s: float = 0.0
     unique_experts_sum: float = 0.0  # batch-level experts touched per MoE layer, summed per forward
+    draft_tokens: int = 0  # self-speculative decoding: drafts put to the AR model's check
+    accepted_tokens: int = 0  # ... and those it accepted (each saves a forward)
 
     @property
     def tpf(self) -> float:
@@ -42,7 +44,10 @@ class RequestStats:
                 "tokens_processed_per_forward": round(self.tokens_processed / max(self.forwards, 1),
                                                       2),
                 "unique_experts_per_forward": round(self.unique_experts_sum
-                                                    / max(self.forwards, 1), 2)}
+                                                    / max(self.forwards, 1), 2),
+                **({"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                    "acceptance_rate": round(self.accepted_tokens / self.draft_tokens, 4)}
+                   if self.draft_tokens else {})}
 
 
 @dataclass

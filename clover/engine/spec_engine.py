@@ -157,6 +157,8 @@ class SpecEngine:
         done, generated = [], 0
         for (r, row), n in zip(pairs, fed, strict=True):
             r.stats.forwards, r.stats.steps = row.res.forwards, row.res.forwards
+            r.stats.draft_tokens = row.res.drafted
+            r.stats.accepted_tokens = sum(row.res.accepted_at.values())
             r.stats.tokens_processed += n
             r.stats.generated_tokens = len(r.seq) - len(r.prompt)
             if r.stats.first_block_s is None:

@@ -51,12 +51,18 @@ class Metrics:
                               registry=r)
         self._busy = Counter("clover_engine_busy_seconds", "Wall time spent in engine steps.", m,
                              registry=r)
+        # self-speculative decoding (`clover serve --draft`), as vLLM's spec_decode counters
+        self._drafts = Counter("clover_spec_decode_draft_tokens", "Drafter tokens put to the AR "
+                               "model's check (finished requests).", m, registry=r)
+        self._accepted = Counter("clover_spec_decode_accepted_tokens", "Drafter tokens the AR "
+                                 "model accepted (finished requests).", m, registry=r)
         self._gauges = {name: Gauge(name, help_, m, registry=r) for name, help_ in _GAUGES}
         self._hist = {name: Histogram(name, help_, m, buckets=buckets, registry=r)
                       for name, help_, buckets in _HISTOGRAMS}
         self._lock = threading.Lock()
         # plain totals for derived gauges and for tests
         self.aborted = self.generated_tokens = self.forwards = self.steps = self.rows_sum = 0
+        self.draft_tokens = self.accepted_tokens = 0
         self.busy_s = 0.0
         self.last_batch = 0
 
@@ -91,6 +97,11 @@ class Metrics:
         with self._lock:
             self.generated_tokens += s.generated_tokens
             self.forwards += s.forwards
+            self.draft_tokens += s.draft_tokens
+            self.accepted_tokens += s.accepted_tokens
+        if s.draft_tokens:
+            self._drafts.labels(self.model).inc(s.draft_tokens)
+            self._accepted.labels(self.model).inc(s.accepted_tokens)
         self._finished.labels(self.model, out.finish_reason).inc()
         self._prompt.labels(self.model).inc(len(out.prompt_token_ids))
         self._generated.labels(self.model).inc(s.generated_tokens)
@@ -120,7 +131,9 @@ class Metrics:
                 "clover_engine_loop_busy_seconds": loop_busy_s,
                 "clover_prefix_cache_hit_rate": prefix.get("prefix_cache_hit_rate", 0.0),
                 "clover_prefix_cache_hit_tokens": prefix.get("prefix_cache_hit_tokens", 0),
-                "clover_prefix_cache_megabytes": prefix.get("prefix_cache_mb", 0.0)}
+                "clover_prefix_cache_megabytes": prefix.get("prefix_cache_mb", 0.0),
+                "clover_spec_decode_acceptance_rate": self.accepted_tokens / self.draft_tokens
+                if self.draft_tokens else 0.0}
         for name, value in values.items():
             self._gauges[name].labels(self.model).set(value)
         return generate_latest(self.registry)
@@ -142,6 +155,8 @@ _GAUGES = (
      "from the prefix cache."),
     ("clover_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache."),
     ("clover_prefix_cache_megabytes", "Memory the prefix cache holds."),
+    ("clover_spec_decode_acceptance_rate", "Self-speculative decoding: accepted / drafted "
+     "tokens over the server's life (0 without a drafter)."),
 )
 _HISTOGRAMS = (
     ("clover_request_latency_seconds", "Submit to last token.", LATENCY_BUCKETS),
