@@ -127,7 +127,8 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
                                                                     tmp_path):
     """`clover serve --model AR --draft DRAFTER` through the real openai client: a request that
     names no temperature is greedy (the default with a drafter) and gets the pair's answer,
-    streamed or not; one that samples gets a 400 naming the parameter."""
+    streamed or not; one that samples, asks for a grammar or for log-probabilities gets a 400
+    naming the request's parameter; /metrics counts the drafts."""
     import openai
 
     from clover.server import CloverServer, ServerConfig
@@ -153,6 +154,12 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
             with pytest.raises(openai.BadRequestError, match="temperature"):
                 client.completions.create(model="ar", prompt=prompt, max_tokens=4,
                                           temperature=0.8)
+            with pytest.raises(openai.BadRequestError, match="response_format: .*no grammar"):
+                client.chat.completions.create(
+                    model="ar", messages=[{"role": "user", "content": prompt}], max_tokens=4,
+                    response_format={"type": "json_object"})
+            with pytest.raises(openai.BadRequestError, match="logprobs: .*no log-prob"):
+                client.completions.create(model="ar", prompt=prompt, max_tokens=4, logprobs=2)
             metrics = _metrics(url)
     finally:
         server.close()

@@ -70,13 +70,9 @@ class SpecEngine:
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, constraint: Any = None) -> Request:
-        refused = [(params.temperature > 0, "temperature", "greedy only (temperature 0)"),
-                   (params.structured is not None or constraint is not None, "structured",
-                    "no grammar-constrained decoding"),
-                   (params.logprobs is not None, "logprobs", "no log-probabilities")]
-        for bad, name, why in refused:
-            if bad:
-                raise ValueError(f"SamplingParams.{name}: self-speculative decoding is {why}")
+        refused = self.refusal(params, constraint)
+        if refused is not None:
+            raise ValueError(f"SamplingParams.{refused[0]}: {refused[1]}")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         need = len(prompt_ids) + params.max_tokens
@@ -89,6 +85,19 @@ class SpecEngine:
         r = Request(request_id, list(prompt_ids), params, self.config.mask_id)
         self.waiting.append(r)
         return r
+
+    @staticmethod
+    def refusal(params: SamplingParams, constraint: Any = None) -> tuple[str, str] | None:
+        """(the SamplingParams field, why) when self-speculative decoding cannot serve `params`
+        (a server asks before compiling anything), else None."""
+        refused = [(params.temperature > 0, "temperature", "greedy only (temperature 0)"),
+                   (params.structured is not None or constraint is not None, "structured",
+                    "no grammar-constrained decoding"),
+                   (params.logprobs is not None, "logprobs", "no log-probabilities")]
+        for bad, name, why in refused:
+            if bad:
+                return name, f"self-speculative decoding (a drafter) has {why}"
+        return None
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
         eos = set() if params.ignore_eos else {self.config.eos_id}

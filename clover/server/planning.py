@@ -204,6 +204,7 @@ class Planner:
             name = str(e).split(" ", 1)[0].removeprefix("SamplingParams.")
             raise ApiError(400, str(e).removeprefix("SamplingParams."), param=name,
                            code="invalid_value") from None
+        _check_engine_serves(s.engine, params)
         vocab = s.engine.config.vocab_size
         if not all(0 <= t < vocab for t in params.stop_token_ids):
             raise ApiError(400, f"stop_token_ids must be in [0, {vocab})", param="stop_token_ids")
@@ -226,6 +227,19 @@ class Planner:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+def _check_engine_serves(engine: Any, params: SamplingParams) -> None:
+    """An engine with limits (`SpecEngine.refusal`: greedy, no grammar, no logprobs) refuses a
+    request up front, naming the request's own parameter."""
+    refusal = getattr(engine, "refusal", None)
+    found = refusal(params) if refusal is not None else None
+    if found is None:
+        return
+    field, why = found
+    param = {"structured": "tools" if "tools" in (params.structured or {}) else
+             "response_format"}.get(field, field)
+    raise ApiError(400, f"{param}: {why}", param=param, code="unsupported_parameter")
+
+
 def _check_room(req: Any, capacity: int, prompt_len: int, max_tokens: int | None) -> None:
     room = capacity - prompt_len
     param = "messages" if hasattr(req, "messages") else "prompt"
