@@ -458,9 +458,9 @@ def test_summarise_takes_medians_and_keeps_the_first_repeats_interval():
 def test_a_drafter_adds_a_self_speculative_point_with_the_twins_answers(tmp_path, capsys):
     """--draft: per (precision, batch) a third point, the AR twin checking the drafter's tokens,
     run beside AR's: the same answers (greedy, the twin's), its own forwards counted by the probe
-    (clean and mask rows: more than one token a forward), a ratio against AR and a line in the
-    report. Tiny dense models (the pair routes plain linears); the drafter shares the twin's
-    weights (same seed), so some drafts pass."""
+    (clean and mask rows: more than one token a forward), its acceptance rate (AR: none), a ratio
+    against AR and a line in the report. Tiny dense models (the pair routes plain linears); the
+    drafter shares the twin's weights (same seed)."""
     from clover.checkpoint import load
 
     ar_dir, dllm_dir = _model_dirs(tmp_path, 4096)[1], _model_dirs(tmp_path / "d", 4096)[0]
@@ -486,6 +486,7 @@ def test_a_drafter_adds_a_self_speculative_point_with_the_twins_answers(tmp_path
         assert spec["zone_f1"] == ar_p["zone_f1"]
         assert spec["tokens_per_forward"] > 1 and spec["flops"] > 0
         assert spec["speedup_vs_ar"] > 0 and "predicted_speedup_vs_ar" not in spec
+        assert 0 <= spec["acceptance_rate"] <= 1 and ar_p["acceptance_rate"] is None
     assert result["models"]["spec"]["path"] == draft
     assert "AR + drafter" in stdout.getvalue()
     assert "AR + drafter (TPF" in (tmp_path / "out" / "report.md").read_text()

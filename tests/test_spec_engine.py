@@ -119,6 +119,9 @@ def test_llm_with_a_draft_runs_the_pair(base_cache, tokenizer, tmp_path):  # noq
     ref = SelfSpeculative(fuse_pair(pair))
     assert [o.token_ids for o in outs] == [ref.generate(p, 10, set()).ids for p in prompts]
     assert all(o.finish_reason == "length" and o.stats.forwards >= 1 for o in outs)
+    stats = llm.engine.stats.as_dict()  # the requests' drafts, summed (eval and bench read it)
+    assert stats["draft_tokens"] == sum(o.stats.draft_tokens for o in outs) > 0
+    assert stats["accepted_tokens"] == sum(o.stats.accepted_tokens for o in outs)
     with pytest.raises(ValueError, match="draft=.*no such model directory"):
         LLM(ar_dir, draft=str(tmp_path / "nope"), device="cpu")
 

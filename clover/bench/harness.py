@@ -212,6 +212,7 @@ def _figures(run: AgentRun, probe: ForwardProbe, model: CloverModel,
             **split, "other_s": max(run.full_task_s - sum(split.values()), 0.0),
             "tokens_per_forward": probe.count.tokens / max(probe.count.forwards, 1),
             "unique_experts_per_forward": e["unique_experts_per_forward"],
+            "acceptance_rate": e.get("acceptance_rate"),  # self-speculative points only
             "peak_memory_bytes": memory, "flops": flops,
             "achieved_flops_per_s": flops / e["model_s"] if e["model_s"] else None}
 

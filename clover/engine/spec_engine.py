@@ -180,6 +180,8 @@ class SpecEngine:
                     r.seq[len(r.prompt):])) else "length"
                 done.append(self._finish(r, reason))
                 generated += r.stats.generated_tokens
+                self.stats.draft_tokens += r.stats.draft_tokens
+                self.stats.accepted_tokens += r.stats.accepted_tokens
         self.stats.add_step(rows=len(pairs), tokens_processed=sum(fed), unique_experts=0.0,
                             generated_tokens=generated,
                             laps={"model_s": model_s, "policy_s": 0.0, "grammar_s": 0.0,

@@ -33,6 +33,8 @@ class EngineStats:
     other_s: float = 0.0  # scheduling, tensor building, bookkeeping
     unique_experts_sum: float = 0.0
     rows_sum: int = 0
+    draft_tokens: int = 0  # self-speculative decoding (finished requests): drafts checked
+    accepted_tokens: int = 0  # ... and accepted
 
     def add_step(self, *, rows: int, tokens_processed: int, unique_experts: float,
                  generated_tokens: int, laps: dict[str, float]) -> None:
@@ -73,7 +75,10 @@ class EngineStats:
                 "grammar_s": round(self.grammar_s, 4), "other_s": round(self.other_s, 4),
                 "overhead_share": round((wall - self.model_s) / wall, 4) if wall else 0.0,
                 "unique_experts_per_forward": round(self.unique_experts_sum / per_forward, 2),
-                "peak_memory_bytes": peak_memory()}
+                "peak_memory_bytes": peak_memory(),
+                **({"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                    "acceptance_rate": round(self.accepted_tokens / self.draft_tokens, 4)}
+                   if self.draft_tokens else {})}
 
 
 class StepClock:

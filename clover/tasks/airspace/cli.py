@@ -152,13 +152,17 @@ def _airspace_evaluate(args: argparse.Namespace) -> int:
                   policy=args.policy, tau=args.tau, gamma=args.gamma, grammar=args.grammar,
                   grammar_s=run.engine_stats["grammar_s"], model_s=run.engine_stats["model_s"],
                   full_task_s=round(run.full_task_s, 1),
-                  tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards)
+                  tps=round(run.tps, 1), tpf=round(run.tpf, 3), forwards=run.forwards,
+                  **{k: run.engine_stats[k] for k in ("draft_tokens", "accepted_tokens",
+                                                      "acceptance_rate") if k in run.engine_stats})
     _print_summary(result)
     for kind, part in result["by_format"].items():
         print(f"  {kind:32s} n={part['n']:4d} zone_f1={part['zone_f1']:.4f} "
               f"fields={part['fields']:.4f} exact={part['exact']:.4f}")
+    accepted = (f", drafts accepted {result['accepted_tokens']}/{result['draft_tokens']}"
+                if "draft_tokens" in result else "")
     print(f"time {run.full_task_s:.1f} s, TPS {run.tps:.1f}, TPF {run.tpf:.3f}, "
-          f"{run.forwards} forwards")
+          f"{run.forwards} forwards{accepted}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             for e, p in zip(examples, preds, strict=True):
