@@ -107,7 +107,7 @@ def quality_vs_time(points: list[dict]):
             ax.annotate(f"b{p['batch_size']}", (p["full_task_s"], p["zone_f1"]), fontsize=8,
                         xytext=(4, 6), textcoords="offset points")
             continue
-        series = f"{p['precision']} {p['policy']}"
+        series = f"{p['precision']} {p['setting'] if p['role'] == 'spec' else p['policy']}"
         color = colors.setdefault(series, f"C{len(colors) % 10}")
         ax.errorbar(p["full_task_s"], p["zone_f1"], xerr=err, color=color, alpha=0.85,
                     fmt=MARKERS[batches.index(p["batch_size"]) % 9])
