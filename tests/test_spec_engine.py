@@ -73,12 +73,36 @@ def test_a_shared_prompt_head_comes_from_the_prefix_cache_and_changes_nothing():
     assert off.prefix_cache.hit_tokens == 0
 
 
+def test_logprobs_are_the_ar_engines():
+    """logprobs=k: each token's log-probability and top k are the AR model's, as the AR engine
+    reports them for the same greedy tokens, whether the token was written by the prefill, as
+    an accepted draft or as the AR model's own token (the drafter shares the AR weights, so some
+    drafts pass)."""
+    ar, pair = _pair(0.0)
+    prompts = [torch.randint(3, 500, (5 + 3 * seed,), generator=torch.Generator().manual_seed(
+        seed)).tolist() for seed in range(4)]  # test_speculative's: some drafts hold
+    params = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=3)
+    want = LLM(ar, device="cpu", dtype="float32").generate(prompts, params)
+    engine = SpecEngine(pair, max_batch_size=2)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    _drain(engine)
+    assert sum(r.stats.accepted_tokens for r in reqs) > 0
+    for r, w in zip(reqs, want, strict=True):
+        got = engine.output(r)
+        assert got.token_ids == w.token_ids and len(got.logprobs) == 30
+        for g, e in zip(got.logprobs, w.logprobs, strict=True):
+            assert g.token_id == e.token_id and g.logprob == pytest.approx(e.logprob, abs=1e-4)
+            assert [t for t, _ in g.top] == [t for t, _ in e.top] and len(g.top) == 3
+    plain = engine.add_request(prompts[0], params.replace(logprobs=None))
+    _drain(engine)
+    assert engine.output(plain).logprobs is None
+
+
 def test_refused_requests_name_the_parameter_and_abort_frees_the_row():
     _, pair = _pair(0.0)
     engine = SpecEngine(pair, max_batch_size=1, max_model_len=64)
     for params, name in ((SamplingParams(temperature=0.7), "temperature"),
-                         (SamplingParams(structured={"regex": "a+"}), "structured"),
-                         (SamplingParams(logprobs=2), "logprobs")):
+                         (SamplingParams(structured={"regex": "a+"}), "structured")):
         with pytest.raises(ValueError, match=f"SamplingParams.{name}"):
             engine.add_request([5, 6, 7], params)
     with pytest.raises(ValueError, match="exceeds the context length 64"):
@@ -130,8 +154,8 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
                                                                     tmp_path):
     """`clover serve --model AR --draft DRAFTER` through the real openai client: a request that
     names no temperature is greedy (the default with a drafter) and gets the pair's answer,
-    streamed or not; one that samples, asks for a grammar or for log-probabilities gets a 400
-    naming the request's parameter; /metrics counts the drafts."""
+    streamed or not, with log-probabilities when asked; one that samples or asks for a grammar
+    gets a 400 naming the request's parameter; /metrics counts the drafts."""
     import openai
 
     from clover.server import CloverServer, ServerConfig
@@ -161,8 +185,12 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
                 client.chat.completions.create(
                     model="ar", messages=[{"role": "user", "content": prompt}], max_tokens=4,
                     response_format={"type": "json_object"})
-            with pytest.raises(openai.BadRequestError, match="logprobs: .*no log-prob"):
-                client.completions.create(model="ar", prompt=prompt, max_tokens=4, logprobs=2)
+            scored = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
+                                               logprobs=2, extra_body=extra)
+            lp = scored.choices[0].logprobs
+            assert scored.choices[0].text == want and len(lp.token_logprobs) == 8
+            assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 2
+                                                                 for t in lp.top_logprobs)
             metrics = _metrics(url)
     finally:
         server.close()

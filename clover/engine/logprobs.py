@@ -59,3 +59,12 @@ def output_logprobs(request, num_tokens: int) -> list[TokenLogprob]:
             entry = TokenLogprob(token, 0.0, [(token, 0.0)] if request.params.logprobs else [])
         out.append(entry)
     return out
+
+
+def token_logprob(logits_V: Tensor, token: int, k: int) -> TokenLogprob:
+    """`token`'s log-probability under one position's logits, with the `k` most likely."""
+    logp_V = torch.log_softmax(logits_V.float(), -1)
+    top_lp, top_id = logp_V.topk(k) if k else (logp_V[:0], logp_V[:0])
+    return TokenLogprob(token, float(logp_V[token]), [
+        (int(t), float(lp)) for t, lp in zip(top_id.tolist(), top_lp.tolist(), strict=True)
+        if lp > float("-inf")])

@@ -9,9 +9,11 @@ forward over their prompts, which writes each one's first token; a prompt head a
 request computed comes from the prefix cache, as in the engine), then runs one forward over
 every running request, each with its own clean rows (tokens to cache and drafts to check) and
 mask rows (its block's rest), padded (`SelfSpeculative.forward_rows`); a finished request frees
-its row at once. Greedy only: a request asking to sample, for a grammar or for log-probabilities
-is refused with a ValueError naming the parameter. SamplingParams' policy and tau are the
-diffusion model's commit rule and do not apply here (the drafts' bar is the engine's `tau`).
+its row at once. Log-probabilities (`logprobs=k`) are the AR model's, read at the clean row
+that wrote each token, as the AR engine reports them. Greedy only: a request asking to sample
+or for a grammar is refused with a ValueError naming the parameter. SamplingParams' policy and
+tau are the diffusion model's commit rule and do not apply here (the drafts' bar is the
+engine's `tau`).
 """
 
 from __future__ import annotations
@@ -92,8 +94,7 @@ class SpecEngine:
         (a server asks before compiling anything), else None."""
         refused = [(params.temperature > 0, "temperature", "greedy only (temperature 0)"),
                    (params.structured is not None or constraint is not None, "structured",
-                    "no grammar-constrained decoding"),
-                   (params.logprobs is not None, "logprobs", "no log-probabilities")]
+                    "no grammar-constrained decoding")]
         for bad, name, why in refused:
             if bad:
                 return name, f"self-speculative decoding (a drafter) has {why}"
@@ -152,9 +153,11 @@ class SpecEngine:
         states = self.decoder.prefill_rows(self.cache, [r.row for r in new],
                                            [r.prompt for r in new], heads,
                                            [self.stop_ids(r.params) for r in new],
-                                           [r.params.max_tokens for r in new])
+                                           [r.params.max_tokens for r in new],
+                                           [r.params.logprobs for r in new])
         for r, row in zip(new, states, strict=True):
             r.seq = row.seq  # shared: the request sees each commit without a copy
+            r.token_logprobs = row.token_logprobs  # (the AR model's, when asked for)
             self.running[r.request_id] = (r, row)
             self.prefix_cache.store(r.prompt, self.cache, r.row, len(r.prompt))
         return self._settle(list(zip(new, states, strict=True)), time.perf_counter() - t0,

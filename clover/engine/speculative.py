@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from clover.engine.logprobs import token_logprob
 from clover.model.fused import FastLinear, packing_supported
 from clover.model.transformer import CloverModel, KVCache
 
@@ -90,10 +91,9 @@ class RoutedFast:
     low-rank inputs together on every row ([W_ar; down], the down factors side by side); then
     each linear's up factor adds its part on mask rows only (the other rows' inputs zeroed: no
     row gathering). With no mask row and an input the prepacked weight would not take (a long
-    prefill) only the AR rows of the fused weight are read (shorter inputs: the prepacked read
-    of all rows was faster, 8-160 tokens, session 47). None, like `FastLinear`, when the
-    reference linears must run (autograd, a changed weight). It keeps its own fused weights
-    (plain and, where packed, prepacked): memory for speed, as a benchmark may spend."""
+    prefill) only the AR rows of the fused weight are read (shorter: the prepacked read of all
+    rows measured faster). None, like `FastLinear`, when the reference linears must run
+    (autograd, a changed weight). It keeps its own fused weights (plain and prepacked)."""
 
     def __init__(self, holder: nn.Module, names: tuple[str, ...], routed: list[LowRankRouted],
                  route: Route, pack: bool) -> None:
@@ -272,6 +272,8 @@ class _Row:
     c: int  # cached positions
     res: SpecResult
     done: bool = False
+    logprobs: int | None = None  # top-k of each written token's log-probability (None: none)
+    token_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob
 
     @property
     def start(self) -> int:
@@ -370,16 +372,21 @@ class SelfSpeculative:
         return [r.finish(stop_ids, max_tokens) for r in rows]
 
     def prefill_rows(self, cache: KVCache, rows: list[int], prompts: list[list[int]],
-                     heads: list[int], stop_ids: list[set[int]],
-                     max_tokens: list[int]) -> list[_Row]:
+                     heads: list[int], stop_ids: list[set[int]], max_tokens: list[int],
+                     logprobs: list[int | None] | None = None) -> list[_Row]:
         """One forward over the prompts (all but the first `heads[b]` tokens, already in cache
-        row `rows[b]`), which writes each one's first token: their decoding states."""
+        row `rows[b]`), which writes each one's first token: their decoding states. `logprobs`:
+        per prompt, the top-k of each written token's AR log-probability to record (None: no)."""
         clean = [p[n:] for p, n in zip(prompts, heads, strict=True)]
-        first = self.forward_rows(cache, rows, clean, [0] * len(rows),
-                                  last_only=True).argmax(-1).tolist()
+        last = self.forward_rows(cache, rows, clean, [0] * len(rows), last_only=True)
+        first = last.argmax(-1).tolist()
         states, lengths = [], cache.length_B.clone()
-        for row, p, t, stop, most in zip(rows, prompts, first, stop_ids, max_tokens, strict=True):
-            state = _Row(len(p), list(p) + [t], [], len(p), SpecResult([], 1, 0, Counter()))
+        for b, (row, p, t, stop, most) in enumerate(zip(rows, prompts, first, stop_ids,
+                                                        max_tokens, strict=True)):
+            state = _Row(len(p), list(p) + [t], [], len(p), SpecResult([], 1, 0, Counter()),
+                         logprobs=logprobs[b] if logprobs else None)
+            if state.logprobs is not None:
+                state.token_logprobs[len(p)] = token_logprob(last[b], t, state.logprobs)
             state.done = t in stop or most <= 1
             lengths[row] = len(p)
             states.append(state)
@@ -415,6 +422,8 @@ class SelfSpeculative:
         r.res.drafted += len(r.spec)
         at = len(r.seq) + ok  # the position the AR model's own token fills
         new = r.spec[:ok] + [best[at - 1 - r.c]]
+        for pos, t in enumerate(new, len(r.seq)) if r.logprobs is not None else ():
+            r.token_logprobs[pos] = token_logprob(logits[pos - 1 - r.c], t, r.logprobs)
         r.seq += new
         r.done = not stop_ids.isdisjoint(new) or len(r.seq) - r.prompt_len >= max_tokens
         # every draft held: this forward's drafts were made on the right tokens

@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a drafter adapter directory (e.g. models/clover-smol-draft, with "
                         "--model models/clover-smol-ar): self-speculative decoding, the model's "
                         "own greedy answers in fewer forwards; greedy only (a request that "
-                        "samples, or asks for a grammar or logprobs, gets a 400)")
+                        "samples or asks for a grammar gets a 400; logprobs are the model's)")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients pass as `model` (default: the directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
