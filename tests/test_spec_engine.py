@@ -98,13 +98,49 @@ def test_logprobs_are_the_ar_engines():
     assert engine.output(plain).logprobs is None
 
 
-def test_refused_requests_name_the_parameter_and_abort_frees_the_row():
+def test_speculative_sampling_writes_what_the_ar_model_would_sample():
+    """The acceptance rule alone, on made-up distributions far apart (total variation 0.5): a
+    draft x drawn from q, kept with probability min(1, p(x) / q(x)), else replaced from
+    max(0, p - q): the written token is distributed as p (20,000 draws), not as q."""
+    from clover.engine import spec_sampling as sampled
+    from clover.engine.sampler import RowSampling
+
+    p = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0])
+    q = torch.tensor([0.1, 0.1, 0.3, 0.2, 0.3])
+    s = RowSampling(1.0, 1.0, 0, torch.Generator().manual_seed(0))
+    rows = torch.log(torch.stack([p, torch.full((5,), 0.2)]))  # the place, then the next one
+    counts = torch.zeros(5)
+    for x in torch.multinomial(q, 20000, replacement=True, generator=torch.Generator(
+            ).manual_seed(1)).tolist():
+        ok, own = sampled.check(rows, [x], q[None], s)
+        counts[x if ok else own] += 1
+    assert (counts / counts.sum() - p).abs().sum() / 2 < 0.02
+    assert sampled.check(rows, [], None, None) == (0, 0)  # greedy: the argmax
+
+
+def test_sampled_requests_repeat_with_a_seed_and_top_k_1_is_greedy():
+    """temperature > 0 through the engine: the same seed writes the same tokens (drafts and
+    checks draw from the request's generator), another seed others; top_k 1 leaves one token
+    to draw, so the output is the AR model's greedy one."""
+    ar, pair = _pair(0.0)
+    prompt = _prompts((9,), seed=5)[0]
+
+    def run(**knobs):
+        engine = SpecEngine(pair, max_batch_size=1)
+        r = engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True, **knobs))
+        _drain(engine)
+        return engine.output(r).token_ids
+
+    a, b = run(temperature=1.0, seed=7), run(temperature=1.0, seed=7)
+    assert a == b and len(a) == 20 and run(temperature=1.0, seed=8) != a
+    assert run(temperature=0.8, top_k=1, seed=3) == _greedy(ar, prompt, 20)
+
+
+def test_a_grammar_is_refused_naming_the_parameter_and_abort_frees_the_row():
     _, pair = _pair(0.0)
     engine = SpecEngine(pair, max_batch_size=1, max_model_len=64)
-    for params, name in ((SamplingParams(temperature=0.7), "temperature"),
-                         (SamplingParams(structured={"regex": "a+"}), "structured")):
-        with pytest.raises(ValueError, match=f"SamplingParams.{name}"):
-            engine.add_request([5, 6, 7], params)
+    with pytest.raises(ValueError, match="SamplingParams.structured"):
+        engine.add_request([5, 6, 7], SamplingParams(structured={"regex": "a+"}))
     with pytest.raises(ValueError, match="exceeds the context length 64"):
         engine.add_request([5] * 60, SamplingParams(max_tokens=8))
     a = engine.add_request([5, 6, 7], SamplingParams(max_tokens=30))
@@ -150,12 +186,12 @@ def test_llm_with_a_draft_runs_the_pair(base_cache, tokenizer, tmp_path):  # noq
         LLM(ar_dir, draft=str(tmp_path / "nope"), device="cpu")
 
 
-def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, tokenizer,  # noqa: F811
-                                                                    tmp_path):
-    """`clover serve --model AR --draft DRAFTER` through the real openai client: a request that
-    names no temperature is greedy (the default with a drafter) and gets the pair's answer,
-    streamed or not, with log-probabilities when asked; one that samples or asks for a grammar
-    gets a 400 naming the request's parameter; /metrics counts the drafts."""
+def test_server_with_a_draft_answers_and_refuses_a_grammar(base_cache, tokenizer,  # noqa: F811
+                                                           tmp_path):
+    """`clover serve --model AR --draft DRAFTER` through the real openai client: a greedy
+    request gets the pair's answer, streamed or not, with log-probabilities when asked; a seeded
+    sampled one repeats, and one naming no temperature samples (OpenAI's default 1.0); one that
+    asks for a grammar gets a 400 naming the request's parameter; /metrics counts the drafts."""
     import openai
 
     from clover.server import CloverServer, ServerConfig
@@ -173,20 +209,22 @@ def test_server_with_a_draft_answers_greedily_and_refuses_sampling(base_cache, t
             client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
             extra = {"ignore_eos": True}
             got = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
-                                            extra_body=extra)
+                                            temperature=0, extra_body=extra)
             assert got.choices[0].text == want and got.usage.completion_tokens == 8
             chunks = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
-                                               stream=True, extra_body=extra)
+                                               temperature=0, stream=True, extra_body=extra)
             assert "".join(c.choices[0].text for c in chunks if c.choices) == want
-            with pytest.raises(openai.BadRequestError, match="temperature"):
-                client.completions.create(model="ar", prompt=prompt, max_tokens=4,
-                                          temperature=0.8)
+            sampled = [client.completions.create(model="ar", prompt=prompt, max_tokens=8,
+                                                 extra_body=extra, **knobs).choices[0].text
+                       for knobs in ({"temperature": 0.8, "seed": 5}, {"temperature": 0.8,
+                                     "seed": 5}, {})]  # the last: OpenAI's default, 1.0
+            assert sampled[0] == sampled[1] and all(t for t in sampled)
             with pytest.raises(openai.BadRequestError, match="response_format: .*no grammar"):
                 client.chat.completions.create(
                     model="ar", messages=[{"role": "user", "content": prompt}], max_tokens=4,
                     response_format={"type": "json_object"})
             scored = client.completions.create(model="ar", prompt=prompt, max_tokens=8,
-                                               logprobs=2, extra_body=extra)
+                                               temperature=0, logprobs=2, extra_body=extra)
             lp = scored.choices[0].logprobs
             assert scored.choices[0].text == want and len(lp.token_logprobs) == 8
             assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 2

@@ -212,8 +212,8 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                         "worth its 3-5 minutes of compiling only for long jobs)")
     p.add_argument("--draft", default=None, metavar="DIR",
                    help="a drafter adapter for the AR --model (e.g. models/clover-smol-draft): "
-                        "self-speculative decoding, the AR model's greedy output in fewer "
-                        "forwards (temperature 0; no --structured)")
+                        "self-speculative decoding, the AR model's output (greedy, or sampled "
+                        "by speculative sampling) in fewer forwards; no --structured")
     add_sampling_flags(p)
 
 

@@ -9,11 +9,13 @@ forward over their prompts, which writes each one's first token; a prompt head a
 request computed comes from the prefix cache, as in the engine), then runs one forward over
 every running request, each with its own clean rows (tokens to cache and drafts to check) and
 mask rows (its block's rest), padded (`SelfSpeculative.forward_rows`); a finished request frees
-its row at once. Log-probabilities (`logprobs=k`) are the AR model's, read at the clean row
-that wrote each token, as the AR engine reports them. Greedy only: a request asking to sample
-or for a grammar is refused with a ValueError naming the parameter. SamplingParams' policy and
-tau are the diffusion model's commit rule and do not apply here (the drafts' bar is the
-engine's `tau`).
+its row at once. Greedy requests get the AR model's greedy output; sampled ones (temperature,
+top-k, top-p, seed) get speculative sampling (`clover.engine.spec_sampling`): each token
+distributed as the AR model alone would sample it. Log-probabilities (`logprobs=k`) are the AR
+model's, read at the clean row that wrote each token, as the AR engine reports them. A request
+for a grammar is refused with a ValueError naming the parameter. SamplingParams' policy and tau
+are the diffusion model's commit rule and do not apply here (the drafts' bar is the engine's
+`tau`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from clover.engine.params import SamplingParams
 from clover.engine.prefix_cache import PrefixCache
 from clover.engine.request import Request
 from clover.engine.runner import grown
+from clover.engine.sampler import RowSampling
 from clover.engine.speculative import RoutedPair, SelfSpeculative, _Row, trimmed
 from clover.engine.stats import EngineStats
 from clover.model.transformer import KVCache
@@ -92,8 +95,7 @@ class SpecEngine:
     def refusal(params: SamplingParams, constraint: Any = None) -> tuple[str, str] | None:
         """(the SamplingParams field, why) when self-speculative decoding cannot serve `params`
         (a server asks before compiling anything), else None."""
-        refused = [(params.temperature > 0, "temperature", "greedy only (temperature 0)"),
-                   (params.structured is not None or constraint is not None, "structured",
+        refused = [(params.structured is not None or constraint is not None, "structured",
                     "no grammar-constrained decoding")]
         for bad, name, why in refused:
             if bad:
@@ -154,7 +156,8 @@ class SpecEngine:
                                            [r.prompt for r in new], heads,
                                            [self.stop_ids(r.params) for r in new],
                                            [r.params.max_tokens for r in new],
-                                           [r.params.logprobs for r in new])
+                                           [r.params.logprobs for r in new],
+                                           [_sampling(r.params) for r in new])
         for r, row in zip(new, states, strict=True):
             r.seq = row.seq  # shared: the request sees each commit without a copy
             r.token_logprobs = row.token_logprobs  # (the AR model's, when asked for)
@@ -202,6 +205,15 @@ class SpecEngine:
             self.cache.reset_rows([r.row])
             self.free.append(r.row)
         return r
+
+
+def _sampling(params: SamplingParams) -> RowSampling | None:
+    """How a request's tokens are drawn: None (greedy) at temperature 0, else the engine's
+    sampler's settings with the request's own generator when it is seeded."""
+    if params.temperature == 0:
+        return None
+    gen = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+    return RowSampling(params.temperature, params.top_p, params.top_k, gen)
 
 
 def load_spec_engine(llm: Any, device: torch.device, dtype: torch.dtype,

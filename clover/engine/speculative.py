@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from clover.engine import spec_sampling as sampled
 from clover.engine.logprobs import token_logprob
+from clover.engine.sampler import RowSampling
 from clover.model.fused import FastLinear, packing_supported
 from clover.model.transformer import CloverModel, KVCache
 
@@ -274,6 +276,8 @@ class _Row:
     done: bool = False
     logprobs: int | None = None  # top-k of each written token's log-probability (None: none)
     token_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob
+    sampling: RowSampling | None = None  # None: greedy; else speculative sampling
+    q: Tensor | None = None  # the sampled drafts' distributions (spec_sampling)
 
     @property
     def start(self) -> int:
@@ -373,18 +377,21 @@ class SelfSpeculative:
 
     def prefill_rows(self, cache: KVCache, rows: list[int], prompts: list[list[int]],
                      heads: list[int], stop_ids: list[set[int]], max_tokens: list[int],
-                     logprobs: list[int | None] | None = None) -> list[_Row]:
+                     logprobs: list[int | None] | None = None,
+                     sampling: list[RowSampling | None] | None = None) -> list[_Row]:
         """One forward over the prompts (all but the first `heads[b]` tokens, already in cache
-        row `rows[b]`), which writes each one's first token: their decoding states. `logprobs`:
-        per prompt, the top-k of each written token's AR log-probability to record (None: no)."""
+        row `rows[b]`), which writes each one's first token: their decoding states. Per prompt,
+        `logprobs`: the top-k of each written token's AR log-probability to record (None: no);
+        `sampling`: how its tokens are drawn (None: greedy)."""
         clean = [p[n:] for p, n in zip(prompts, heads, strict=True)]
         last = self.forward_rows(cache, rows, clean, [0] * len(rows), last_only=True)
-        first = last.argmax(-1).tolist()
+        sampling = sampling or [None] * len(rows)
         states, lengths = [], cache.length_B.clone()
-        for b, (row, p, t, stop, most) in enumerate(zip(rows, prompts, first, stop_ids,
-                                                        max_tokens, strict=True)):
+        for b, (row, p, stop, most) in enumerate(zip(rows, prompts, stop_ids, max_tokens,
+                                                     strict=True)):
+            t = sampled.first(last[b], sampling[b])
             state = _Row(len(p), list(p) + [t], [], len(p), SpecResult([], 1, 0, Counter()),
-                         logprobs=logprobs[b] if logprobs else None)
+                         logprobs=logprobs[b] if logprobs else None, sampling=sampling[b])
             if state.logprobs is not None:
                 state.token_logprobs[len(p)] = token_logprob(last[b], t, state.logprobs)
             state.done = t in stop or most <= 1
@@ -414,20 +421,19 @@ class SelfSpeculative:
         """Check row r's drafts against this forward's clean rows, commit, draft anew; the
         row's new cached length."""
         r.res.forwards += 1
-        best = logits.argmax(-1).tolist()  # row j is position c + j and predicts c + j + 1
-        ok = 0
-        while ok < len(r.spec) and best[len(r.seq) + ok - 1 - r.c] == r.spec[ok]:
-            r.res.accepted_at[ok] += 1
-            ok += 1
+        k = len(r.seq) - 1 - r.c  # row j is position c + j and predicts c + j + 1
+        ok, own = sampled.check(logits[k:k + len(r.spec) + 1], r.spec, r.q, r.sampling)
+        r.res.accepted_at.update(range(ok))
         r.res.drafted += len(r.spec)
         at = len(r.seq) + ok  # the position the AR model's own token fills
-        new = r.spec[:ok] + [best[at - 1 - r.c]]
+        new = r.spec[:ok] + [own]
         for pos, t in enumerate(new, len(r.seq)) if r.logprobs is not None else ():
             r.token_logprobs[pos] = token_logprob(logits[pos - 1 - r.c], t, r.logprobs)
         r.seq += new
         r.done = not stop_ids.isdisjoint(new) or len(r.seq) - r.prompt_len >= max_tokens
         # every draft held: this forward's drafts were made on the right tokens
-        r.spec = self._drafts(logits, at, r.c) if ok == len(r.spec) else []
+        r.spec, r.q = sampled.drafts(logits[at - r.c:self._window_end(at) - 1 - r.c], self.tau,
+                                     r.sampling) if ok == len(r.spec) else ([], None)
         r.c = at
         return at
 
@@ -436,15 +442,3 @@ class SelfSpeculative:
         block's end, or sooner with `max_drafts`."""
         end = (start // self.block + 1) * self.block
         return end if self.max_drafts is None else min(end, start + self.max_drafts + 1)
-
-    def _drafts(self, logits: Tensor, at: int, c: int) -> list[int]:
-        """Drafts for positions at + 1 .. the block's end - 1 (mask rows at .. end - 2), left to
-        right while confidence >= tau."""
-        end = self._window_end(at)
-        conf, tokens = logits[at - c:end - 1 - c].softmax(-1).max(-1)
-        spec = []
-        for t, p in zip(tokens.tolist(), conf.tolist(), strict=True):
-            if p < self.tau:
-                break
-            spec.append(t)
-        return spec

@@ -64,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=None,
                    help="a drafter adapter directory (e.g. models/clover-smol-draft, with "
                         "--model models/clover-smol-ar): self-speculative decoding, the model's "
-                        "own greedy answers in fewer forwards; greedy only (a request that "
-                        "samples or asks for a grammar gets a 400; logprobs are the model's)")
+                        "own answers in fewer forwards (greedy, or sampled by speculative "
+                        "sampling; a request for a grammar gets a 400)")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients pass as `model` (default: the directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
@@ -96,9 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 is often fastest "
                         "for tiny models)")
-    p.add_argument("--default-temperature", type=float, default=None,
+    p.add_argument("--default-temperature", type=float, default=1.0,
                    help="temperature of a request that names none (default: 1.0, as OpenAI "
-                        "and vLLM, or 0 with --draft; 0 makes such requests greedy)")
+                        "and vLLM; 0 makes such requests greedy)")
     p.add_argument("--max-n", type=int, default=8, help="most choices (n) per request")
     _add_grammar_flags(p)
     _add_lifecycle_flags(p)

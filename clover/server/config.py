@@ -20,9 +20,9 @@ class ServerConfig:
     max_model_len: int | None = None  # context length (default: the model's max_seq_len)
     prefix_cache_mb: float = 256.0  # keys and values of shared prompt heads, reused (0: off)
     default_max_tokens: int = 256  # when a request gives none (capped by the context)
-    # OpenAI's and vLLM's default: a request that names no temperature samples at 1.0 (None:
-    # 1.0, or 0.0 with a drafter, which decodes greedily only)
-    default_temperature: float | None = None
+    # OpenAI's and vLLM's default: a request that names no temperature samples at 1.0 (with a
+    # drafter too: speculative sampling; 0 makes such requests greedy)
+    default_temperature: float = 1.0
     max_n: int = 8  # most choices (`n`) one request may ask for
     device: str = "auto"
     dtype: str = "auto"
@@ -47,8 +47,6 @@ class ServerConfig:
             value = getattr(self, f.name)
             if f.name in _POSITIVE and value is not None and value <= 0:
                 raise ValueError(f"--{f.name.replace('_', '-')} must be > 0 (got {value})")
-        if self.default_temperature is None:
-            self.default_temperature = 0.0 if self.draft else 1.0
         if not 0 <= self.default_temperature <= 2:
             raise ValueError(f"--default-temperature must be in [0, 2] "
                              f"(got {self.default_temperature})")
