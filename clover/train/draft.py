@@ -97,7 +97,11 @@ def draft_block(model: nn.Module, config: ModelConfig, batch: Batch, noise: Nois
     out = model(ids_BM, pos_BM, cache=cache, slot_B=torch.full((B,), P + L, device=device),
                 valid_BL=valid_BM, logits_mask_BL=sel_BM, attn_mask_BLS=vis_BMS)
     targets_N = rest.ids_BL[b_N[has_N], nxt_N[has_N]]
-    loss = F.cross_entropy(out.logits.float(), targets_N, reduction="sum")
+    # as the decoder drafts: over the verifier's vocabulary, never the mask token
+    logits = out.logits.float()[:, :verifier.model.config.vocab_size]
+    if config.mask_id is not None and config.mask_id < logits.shape[-1]:
+        logits[:, config.mask_id] = float("-inf")
+    loss = F.cross_entropy(logits, targets_N, reduction="sum")
     return LossOutput(loss, None)
 
 
