@@ -39,13 +39,8 @@ def record_logprobs(logits_NV: Tensor, row_N: Tensor, col_N: Tensor, tokens_BM: 
         k = plan.request.params.logprobs
         if k is None or not commits[b][m]:
             continue
-        token = tokens[b][m]
-        top_lp, top_id = logp_NV[n].topk(k) if k else (logp_NV[n][:0], logp_NV[n][:0])
-        top = [(int(t), float(lp)) for t, lp in zip(top_id.tolist(), top_lp.tolist(),
-                                                    strict=True) if lp > float("-inf")]
         position = len(plan.request.seq) + plan.masked[m]
-        plan.request.token_logprobs[position] = TokenLogprob(token, float(logp_NV[n, token]),
-                                                             top)
+        plan.request.token_logprobs[position] = _entry(logp_NV[n], tokens[b][m], k)
 
 
 def output_logprobs(request, num_tokens: int) -> list[TokenLogprob]:
@@ -63,7 +58,10 @@ def output_logprobs(request, num_tokens: int) -> list[TokenLogprob]:
 
 def token_logprob(logits_V: Tensor, token: int, k: int) -> TokenLogprob:
     """`token`'s log-probability under one position's logits, with the `k` most likely."""
-    logp_V = torch.log_softmax(logits_V.float(), -1)
+    return _entry(torch.log_softmax(logits_V.float(), -1), token, k)
+
+
+def _entry(logp_V: Tensor, token: int, k: int) -> TokenLogprob:
     top_lp, top_id = logp_V.topk(k) if k else (logp_V[:0], logp_V[:0])
     return TokenLogprob(token, float(logp_V[token]), [
         (int(t), float(lp)) for t, lp in zip(top_id.tolist(), top_lp.tolist(), strict=True)

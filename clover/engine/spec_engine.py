@@ -95,11 +95,9 @@ class SpecEngine:
     def refusal(params: SamplingParams, constraint: Any = None) -> tuple[str, str] | None:
         """(the SamplingParams field, why) when self-speculative decoding cannot serve `params`
         (a server asks before compiling anything), else None."""
-        refused = [(params.structured is not None or constraint is not None, "structured",
-                    "no grammar-constrained decoding")]
-        for bad, name, why in refused:
-            if bad:
-                return name, f"self-speculative decoding (a drafter) has {why}"
+        if params.structured is not None or constraint is not None:
+            return "structured", ("self-speculative decoding (a drafter) has no "
+                                  "grammar-constrained decoding")
         return None
 
     def stop_ids(self, params: SamplingParams) -> set[int]:

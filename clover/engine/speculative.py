@@ -112,7 +112,8 @@ class RoutedFast:
 
     def __call__(self, x: Tensor) -> Tensor | None:
         m = self.route.mask_BL
-        if m is None or not bool(m.any()):  # a prefill: no down factors to compute
+        masked = m is not None and bool(m.any())  # one device sync a linear, not two
+        if not masked:  # a prefill: no down factors to compute
             clean = self.both.first_rows(x, self.out_dim)
             if clean is not None:
                 return clean
@@ -120,7 +121,7 @@ class RoutedFast:
         if y is None:
             return None
         out = y[..., :self.out_dim].contiguous()
-        if m is None or not bool(m.any()):
+        if not masked:
             return out
         low = y[..., self.out_dim:] * m[..., None].to(y.dtype)
         at_out = at_low = 0
